@@ -1,0 +1,118 @@
+"""App: a ``celery.Celery`` that routes each task by the compute it declares."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlparse
+
+import click
+import redis
+from celery import Celery
+
+from sluice.compute import Compute
+from sluice.config import Settings, embedded_broker_url
+from sluice.errors import ConfigurationError
+from sluice.queues.catalog import Catalog, ResourceClass
+from sluice.queues.routing import ComputeRouter
+from sluice.tasks.base import ComputeTask
+from sluice.workers.bootsteps import SluiceWorkerStep
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+#: Where an app points when nothing is configured and no ``sluice up`` is running.
+FALLBACK_BROKER = "redis://127.0.0.1:6379/0"
+
+
+def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
+    """Celery settings chosen for long, memory-hungry tasks (each one explained in the README).
+
+    * ``task_acks_late`` + prefetch 1: a message is acknowledged only once its task has ended,
+      and a worker holds no more than it is running.
+    * JSON only: nothing on a task queue executes code when it is decoded.
+    * visibility timeout: longer than any task should run, so a live worker's task is never
+      handed to a second worker.
+    """
+    return {
+        "task_acks_late": True,
+        "worker_prefetch_multiplier": 1,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout},
+        "result_extended": True,
+        "task_track_started": True,
+        "task_default_queue": default_queue,
+        "broker_connection_retry_on_startup": True,
+    }
+
+
+class App(Celery):
+    """A Celery app whose tasks declare compute and are routed to the smallest class that fits.
+
+    ``App("myapp")`` reads :class:`sluice.Settings` (env, sluice.toml, pyproject); arguments
+    given here win over them. ``classes=`` replaces the configured catalog outright.
+    """
+
+    def __init__(self, main: str | None = None, *, default_compute: Compute | None = None,
+                 classes: Iterable[ResourceClass] | None = None, settings: Settings | None = None,
+                 broker: str | None = None, backend: str | None = None, **kwargs: Any) -> None:
+        settings = settings or Settings.load()
+        if default_compute is not None and not isinstance(default_compute, Compute):
+            raise ConfigurationError(f"default_compute={default_compute!r} must be a sluice.Compute")
+        self.settings = settings
+        self.default_compute = (default_compute or Compute()).inherit(settings.default_compute)
+        self.catalog = Catalog(classes) if classes is not None else settings.catalog
+        self.catalog.route(self.default_compute, "the app's default compute")
+        broker = broker or settings.broker_url or embedded_broker_url(settings.home) or FALLBACK_BROKER
+        _check_redis_url(broker)
+        super().__init__(main, broker=broker, backend=backend or settings.result_backend or broker,
+                         task_cls=ComputeTask, **kwargs)
+        self.conf.update(safe_defaults(settings, self.catalog.default_class.name))
+        self.conf.task_routes = (ComputeRouter(self),)
+        self.steps["worker"].add(SluiceWorkerStep)
+        self.user_options["worker"].add(click.Option(
+            ["--allow-no-gpu"], is_flag=True, default=False,
+            help="Let this worker consume gpu classes on a machine without a GPU (development only)."))
+
+    def task(self, *args: Any, **opts: Any) -> Any:
+        """Celery's ``@app.task``, plus ``compute=``: checked and routed here, at decoration time."""
+        compute = opts.get("compute")
+        if compute is not None:
+            if not isinstance(compute, Compute):
+                raise ConfigurationError(f"compute={compute!r} must be a sluice.Compute, e.g. Compute(memory='8Gi')")
+            if args and callable(args[0]):
+                self.catalog.route(compute.inherit(self.default_compute), _task_name(args[0], opts))
+            else:
+                return functools.partial(self._checked_task, opts)
+        return super().task(*args, **opts)
+
+    def _checked_task(self, opts: dict[str, Any], fun: Any) -> Any:
+        self.catalog.route(opts["compute"].inherit(self.default_compute), _task_name(fun, opts))
+        return super().task(**opts)(fun)
+
+    def effective_compute(self, task_name: str) -> Compute:
+        """The compute a task runs with: its declared axes over the app's default compute."""
+        task = self.tasks.get(task_name)
+        declared = getattr(task, "compute", None) or Compute()
+        return declared.inherit(self.default_compute)
+
+    def route(self, task_name: str) -> ResourceClass:
+        """The resource class a task is routed to."""
+        return self.catalog.route(self.effective_compute(task_name), task_name)
+
+    @functools.cached_property
+    def redis(self) -> redis.Redis:
+        """A redis-py client on the broker's Redis (sluice keeps its own state there too)."""
+        return redis.Redis.from_url(self.conf.broker_url)
+
+
+def _task_name(fun: Any, opts: dict[str, Any]) -> str:
+    return opts.get("name") or f"{fun.__module__}.{fun.__qualname__}"
+
+
+def _check_redis_url(url: str) -> None:
+    if urlparse(url).scheme not in REDIS_SCHEMES:
+        raise ConfigurationError(
+            f"broker {url!r} is not a Redis URL; sluice keeps its state in Redis, use redis://, rediss:// or unix://")

@@ -1,0 +1,210 @@
+"""The ``sluice`` command (click, as Celery's own command is)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Any
+
+import click
+import redis
+from celery.app.utils import find_app
+from rich.console import Console
+from rich.table import Table
+
+from sluice.app import App
+from sluice.config import Settings, embedded_broker_url
+from sluice.errors import BrokerUnavailable, SluiceError
+from sluice.units import format_cpu, format_memory
+from sluice.workers.gpu import gpu_count
+
+console = Console()
+
+
+def load_app(name: str) -> App:
+    """Import ``module`` or ``module:attr`` and return the sluice App in it."""
+    try:
+        app = find_app(name)
+    except Exception as exc:  # find_app raises anything the import raises
+        raise click.BadParameter(f"cannot load app {name!r}: {exc}", param_hint="-A/--app") from exc
+    if not isinstance(app, App):
+        raise click.BadParameter(f"{name!r} holds a {type(app).__name__}, not a sluice.App", param_hint="-A/--app")
+    return app
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """sluice: a Celery + Redis task queue that routes each task to the smallest resource class
+    (queue) that fits the compute it declares.
+
+    \b
+    Start here:
+      sluice demo                 run the demo on an embedded Redis and local workers
+      sluice up                   run Redis, one worker per class and Flower locally
+      sluice worker -A APP -q C   run a worker for one resource class
+      sluice status               queue depth, workers and running tasks per class
+      sluice explain -A APP       where each task of an app is routed, and why
+    """
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.option("-A", "--app", "app_name", required=True, help="Module (or module:attr) holding the sluice App.")
+@click.option("-q", "--queue", "queues", multiple=True, help="Resource class to serve (repeatable). Default: the smallest.")
+@click.option("--allow-no-gpu", is_flag=True, help="Serve a gpu class on a machine without a GPU (development only).")
+@click.option("-l", "--loglevel", default="INFO", show_default=True)
+@click.pass_context
+def worker(ctx: click.Context, app_name: str, queues: tuple[str, ...], allow_no_gpu: bool, loglevel: str) -> None:
+    """Run a Celery worker for resource classes, with concurrency = the class's slots.
+
+    Equivalent to `celery -A APP worker -Q CLASS`; any further option is passed to Celery
+    (for example `-c 2` to override the slots, or `-n name@%h`).
+    """
+    app = load_app(app_name)
+    queues = queues or (app.catalog.default_class.name,)
+    try:
+        classes = [app.catalog.get(q) for q in queues]
+    except SluiceError as exc:
+        raise click.BadParameter(str(exc), param_hint="--queue") from None
+    gpu = [rc.name for rc in classes if rc.is_gpu]
+    if gpu and not allow_no_gpu and gpu_count() == 0:
+        raise click.UsageError(f"class {', '.join(gpu)} needs a GPU and none is visible here; "
+                               "run on a GPU node or pass --allow-no-gpu for development")
+    argv = ["worker", "-Q", ",".join(queues), "--loglevel", loglevel, *ctx.args]
+    app.worker_main(argv + (["--allow-no-gpu"] if allow_no_gpu else []))
+
+
+@main.command()
+@click.option("-A", "--app", "app_name", default="sluice.demo", show_default=True,
+              help="Module holding the sluice App the workers serve.")
+@click.option("--allow-no-gpu", is_flag=True, help="Start the gpu class workers even without a GPU.")
+@click.option("--no-flower", is_flag=True, help="Do not start Flower.")
+@click.option("--flower-port", type=int, default=None, help="Flower's port (default: a free one).")
+def up(app_name: str, allow_no_gpu: bool, no_flower: bool, flower_port: int | None) -> None:
+    """Run the whole topology locally: Redis (unless SLUICE_BROKER_URL is set), one worker per
+    resource class and Flower. Ctrl-C or SIGTERM stops everything it started."""
+    from sluice.deploy.local import LocalCluster
+
+    settings = Settings.load()
+    app = load_app(app_name)
+    cluster = LocalCluster(app_name, settings, list(app.catalog), allow_no_gpu=allow_no_gpu, flower=not no_flower,
+                           flower_port=flower_port, broker_url=settings.broker_url)
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if stopping.is_set():
+            console.print("[red]second interrupt: exiting now[/red]")
+            raise SystemExit(130)
+        stopping.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    with console.status("starting redis, workers and flower"):
+        cluster.start()
+    _print_up(cluster)
+    while not stopping.wait(1.0):
+        for child in cluster.dead_children():
+            console.print(f"[red]{child.name} exited with code {child.process.returncode}; see {child.log_path}[/red]")
+            cluster.children.remove(child)
+    console.print("stopping: warm shutdown of workers (running tasks finish), then redis")
+    cluster.stop()
+    console.print("stopped")
+
+
+def _print_up(cluster: Any) -> None:
+    console.print("[bold green]sluice is up[/bold green]")
+    console.print(f"  broker   {cluster.broker_url}")
+    if cluster.flower_url:
+        console.print(f"  flower   {cluster.flower_url}  (user {cluster.flower_user}, "
+                      f"password {cluster.flower_password})")
+    for child in cluster.children:
+        console.print(f"  {child.name:<16} pid {child.process.pid}  log {child.log_path}")
+    for name, why in cluster.skipped.items():
+        console.print(f"  [yellow]worker-{name}: not started: {why}[/yellow]")
+    console.print("\nPoint an app or client at it (paste into a shell):")
+    for key, value in cluster.env().items():
+        click.echo(f"export {key}={value}")
+    console.print("\nCtrl-C stops everything.")
+
+
+@main.command()
+@click.option("-A", "--app", "app_name", default=None, help="App whose catalog to use (default: the configured one).")
+def status(app_name: str | None) -> None:
+    """Per resource class: queue depth, workers online, tasks running, slot size."""
+    from sluice.queues.status import class_status
+
+    settings = Settings.load()
+    catalog = load_app(app_name).catalog if app_name else settings.catalog
+    url = load_app(app_name).conf.broker_url if app_name else (settings.broker_url or embedded_broker_url(settings.home))
+    if not url:
+        raise click.ClickException("no broker: set SLUICE_BROKER_URL or start one with `sluice up`")
+    try:
+        rows = class_status(redis.Redis.from_url(url, socket_timeout=5), catalog)
+    except redis.RedisError as exc:
+        raise click.ClickException(f"cannot read {url}: {exc}") from None
+    table = Table(title="sluice status")
+    for column in ("class", "queued", "workers", "running", "slots", "slot size"):
+        table.add_column(column, justify="left" if column in ("class", "slot size") else "right")
+    for row in rows:
+        slot = row.resource_class.slot
+        size = f"cpu={format_cpu(slot.millicores or 0)} memory={format_memory(slot.memory_bytes or 0)} gpu={slot.gpus}"
+        table.add_row(row.resource_class.name, str(row.queued), str(row.workers), str(row.running),
+                      str(row.slots), size)
+    console.print(table)
+
+
+@main.command()
+@click.option("-A", "--app", "app_name", required=True, help="Module (or module:attr) holding the sluice App.")
+def explain(app_name: str) -> None:
+    """For each task of an app: declared compute, effective compute and the class it routes to."""
+    app = load_app(app_name)
+    table = Table(title=f"routing for {app_name}")
+    for column in ("task", "declared", "effective", "class"):
+        table.add_column(column)
+    for name in sorted(n for n in app.tasks if not n.startswith("celery.")):
+        declared = getattr(app.tasks[name], "compute", None)
+        table.add_row(name, declared.describe() if declared else "(default)", app.effective_compute(name).describe(),
+                      app.route(name).name)
+    console.print(table)
+    console.print("classes, smallest first: " + "; ".join(rc.describe() for rc in app.catalog))
+
+
+@main.command()
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for the demo's results.")
+def demo(timeout: float) -> None:
+    """Start an embedded Redis and one worker per class, submit a cpu, a highmem and a gpu task
+    with .delay(), and print where each one ran."""
+    from sluice import demo as demo_app
+    from sluice.deploy.local import LocalCluster
+
+    settings = Settings.load()
+    no_gpu = gpu_count() == 0
+    cluster = LocalCluster("sluice.demo", settings, list(demo_app.app.catalog), allow_no_gpu=no_gpu, flower=False,
+                           broker_url=settings.broker_url)
+    if no_gpu:
+        console.print("[yellow]no GPU here: the demo's gpu worker runs with --allow-no-gpu[/yellow]")
+    with console.status("starting redis and one worker per class"):
+        cluster.start()
+    try:
+        demo_app.app.conf.broker_url = demo_app.app.conf.result_backend = cluster.broker_url
+        pending = [(task, task.delay(*args)) for task, args in demo_app.SUBMISSIONS]
+        table = Table(title="sluice demo")
+        for column in ("task", "compute", "queue", "worker", "value"):
+            table.add_column(column)
+        with console.status("waiting for results"):
+            for task, result in pending:
+                out = result.get(timeout=timeout)
+                table.add_row(task.name.rsplit(".", 1)[-1], task.effective_compute.describe(), out["queue"],
+                              out["worker"], str(out["value"]))
+        console.print(table)
+    finally:
+        cluster.stop()
+
+
+def run() -> None:
+    """Entry point with sluice errors shown as one line instead of a traceback."""
+    try:
+        main()
+    except (SluiceError, BrokerUnavailable) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)

@@ -1,0 +1,118 @@
+"""Compute: the cpu, memory and gpu a task declares, parsed once into canonical ints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluice.errors import ConfigurationError
+from sluice.units import format_cpu, format_memory, parse_cpu, parse_memory
+
+GPU_FORMS = 'a whole count as an int or a string (0, 1, "2")'
+
+
+def parse_gpu(value: object) -> int:
+    """A whole, non-negative gpu count; ``"1"`` and ``1`` both mean one GPU."""
+    if isinstance(value, bool):
+        raise ConfigurationError(f"gpu {value!r} is not a count; use {GPU_FORMS}")
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    if isinstance(value, int) and value >= 0:
+        return value
+    raise ConfigurationError(f"gpu {value!r} is not a count; use {GPU_FORMS}")
+
+
+class Compute:
+    """What one task needs: ``Compute(cpu="4", memory="32Gi", gpu=1)``.
+
+    Frozen and hashable. Any axis left ``None`` is inherited from a default with
+    :meth:`inherit`, so ``Compute(memory="32Gi")`` bumps only memory. Values are validated
+    here, at construction, so a typo fails where the task is declared.
+    """
+
+    __slots__ = ("millicores", "memory_bytes", "gpu")
+
+    millicores: int | None
+    memory_bytes: int | None
+    gpu: int | None
+
+    def __init__(self, cpu: str | int | float | None = None, memory: str | int | None = None,
+                 gpu: str | int | None = None) -> None:
+        object.__setattr__(self, "millicores", None if cpu is None else parse_cpu(cpu))
+        object.__setattr__(self, "memory_bytes", None if memory is None else parse_memory(memory))
+        object.__setattr__(self, "gpu", None if gpu is None else parse_gpu(gpu))
+
+    @classmethod
+    def of(cls, millicores: int | None = None, memory_bytes: int | None = None,
+           gpu: int | None = None) -> Compute:
+        """Build from canonical ints (millicores, bytes, count)."""
+        return cls(cpu=None if millicores is None else f"{millicores}m", memory=memory_bytes, gpu=gpu)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Compute is frozen; use inherit() or replace() to derive a new one ({name})")
+
+    @property
+    def cpu(self) -> str | None:
+        """The cpu axis as a canonical Kubernetes string ("4", "500m")."""
+        return None if self.millicores is None else format_cpu(self.millicores)
+
+    @property
+    def memory(self) -> str | None:
+        """The memory axis as a canonical Kubernetes string ("32Gi")."""
+        return None if self.memory_bytes is None else format_memory(self.memory_bytes)
+
+    def inherit(self, default: Compute) -> Compute:
+        """Fill each unset axis from ``default``; set axes win."""
+        return Compute.of(
+            self.millicores if self.millicores is not None else default.millicores,
+            self.memory_bytes if self.memory_bytes is not None else default.memory_bytes,
+            self.gpu if self.gpu is not None else default.gpu,
+        )
+
+    def replace(self, *, memory_bytes: int | None = None) -> Compute:
+        """A copy with the given axes changed (escalation grows memory this way)."""
+        return Compute.of(self.millicores, memory_bytes if memory_bytes is not None else self.memory_bytes,
+                          self.gpu)
+
+    @property
+    def gpus(self) -> int:
+        """The gpu count with unset read as zero."""
+        return self.gpu or 0
+
+    def fits_in(self, slot: Compute) -> bool:
+        """True when every set axis of this compute is at most the slot's (unset slot axes hold nothing)."""
+        return (
+            (self.millicores or 0) <= (slot.millicores or 0)
+            and (self.memory_bytes or 0) <= (slot.memory_bytes or 0)
+            and self.gpus <= slot.gpus
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form with canonical strings, for message headers and manifests."""
+        return {k: v for k, v in (("cpu", self.cpu), ("memory", self.memory), ("gpu", self.gpu)) if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Compute:
+        """Inverse of :meth:`to_dict`; unknown keys are an error naming them."""
+        unknown = set(data) - {"cpu", "memory", "gpu"}
+        if unknown:
+            raise ConfigurationError(f"unknown compute axes {sorted(unknown)}; accepted: cpu, memory, gpu")
+        return cls(**data)
+
+    def _key(self) -> tuple[int | None, int | None, int | None]:
+        return (self.millicores, self.memory_bytes, self.gpu)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Compute) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        parts = [f"cpu={self.cpu!r}"] if self.cpu is not None else []
+        parts += [f"memory={self.memory!r}"] if self.memory is not None else []
+        parts += [f"gpu={self.gpu}"] if self.gpu is not None else []
+        return f"Compute({', '.join(parts)})"
+
+    def describe(self) -> str:
+        """Short human form for logs and tables: ``cpu=4 memory=32Gi gpu=1``."""
+        return " ".join(f"{k}={v}" for k, v in self.to_dict().items()) or "(unset)"

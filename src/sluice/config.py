@@ -1,0 +1,145 @@
+"""Settings: one frozen object read from env ``SLUICE_*`` over ``sluice.toml`` over pyproject.
+
+Precedence, highest first:
+
+1. arguments given to :class:`sluice.App` in code;
+2. environment variables ``SLUICE_*``;
+3. ``sluice.toml`` in the working directory (or the file named by ``SLUICE_CONFIG``);
+4. ``[tool.sluice]`` in ``pyproject.toml`` in the working directory;
+5. built-in defaults.
+
+Resource classes from every layer are merged by name onto the default ladder (see
+:meth:`sluice.queues.Catalog.merged`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice.compute import Compute
+from sluice.errors import ConfigurationError
+from sluice.queues.catalog import Catalog
+
+SETTING_KEYS = ("broker_url", "result_backend", "default_cpu", "default_memory", "visibility_timeout",
+                "watchdog_interval", "home", "classes")
+
+#: Longer than any task should run: a task still running on a live worker must never be redelivered.
+DEFAULT_VISIBILITY_TIMEOUT = 6 * 3600
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything configurable, resolved once."""
+
+    broker_url: str | None = None
+    result_backend: str | None = None
+    default_compute: Compute = field(default_factory=lambda: Compute(cpu="1", memory="512Mi"))
+    visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
+    watchdog_interval: float = 0.05
+    home: Path = field(default_factory=lambda: Path.home() / ".sluice")
+    catalog: Catalog = field(default_factory=lambda: Catalog.merged({}))
+
+    @classmethod
+    def load(cls, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+        """Read every layer (see the module docstring) and validate the result."""
+        env = os.environ if env is None else env
+        cwd = Path.cwd() if cwd is None else cwd
+        layers = [_pyproject_table(cwd / "pyproject.toml"), _toml_file(_config_path(cwd, env)), _env_table(env)]
+        merged: dict[str, Any] = {}
+        classes: dict[str, dict[str, Any]] = {}
+        for layer in layers:
+            unknown = set(layer) - set(SETTING_KEYS)
+            if unknown:
+                raise ConfigurationError(f"unknown sluice settings {sorted(unknown)}; accepted: {', '.join(SETTING_KEYS)}")
+            for name, table in dict(layer.pop("classes", {})).items():
+                classes.setdefault(name, {}).update(table)
+            merged.update(layer)
+        return cls._from_table(merged, classes)
+
+    @classmethod
+    def _from_table(cls, table: dict[str, Any], classes: dict[str, dict[str, Any]]) -> Settings:
+        defaults = cls()
+        default_compute = Compute(cpu=table.get("default_cpu", defaults.default_compute.cpu),
+                                  memory=table.get("default_memory", defaults.default_compute.memory))
+        return cls(
+            broker_url=table.get("broker_url") or None,
+            result_backend=table.get("result_backend") or None,
+            default_compute=default_compute,
+            visibility_timeout=_positive(table, "visibility_timeout", defaults.visibility_timeout, int),
+            watchdog_interval=_positive(table, "watchdog_interval", defaults.watchdog_interval, float),
+            home=Path(table["home"]).expanduser() if table.get("home") else defaults.home,
+            catalog=Catalog.merged(classes),
+        )
+
+
+def _positive(table: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:
+    if key not in table:
+        return default
+    try:
+        value = kind(table[key])
+    except (TypeError, ValueError):
+        value = 0
+    if value <= 0:
+        raise ConfigurationError(f"setting {key}={table[key]!r} must be a positive number")
+    return value
+
+
+def _config_path(cwd: Path, env: Mapping[str, str]) -> Path:
+    explicit = env.get("SLUICE_CONFIG")
+    if explicit and not Path(explicit).is_file():
+        raise ConfigurationError(f"SLUICE_CONFIG={explicit!r} is not a file; point it at a sluice.toml")
+    return Path(explicit) if explicit else cwd / "sluice.toml"
+
+
+def _toml_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigurationError(f"{path} is not valid TOML: {exc}") from None
+
+
+def _pyproject_table(path: Path) -> dict[str, Any]:
+    return dict(_toml_file(path).get("tool", {}).get("sluice", {}))
+
+
+def _env_table(env: Mapping[str, str]) -> dict[str, Any]:
+    """``SLUICE_<SETTING>`` for each setting; ``SLUICE_CLASSES`` is a JSON object of class tables."""
+    table: dict[str, Any] = {}
+    for key in SETTING_KEYS:
+        value = env.get(f"SLUICE_{key.upper()}")
+        if value is None or value == "":
+            continue
+        if key == "classes":
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigurationError(
+                    f"SLUICE_CLASSES={value!r} is not JSON; use an object such as "
+                    '{"highmem": {"memory": "128Gi"}}') from exc
+            if not isinstance(value, dict):
+                raise ConfigurationError(f"SLUICE_CLASSES={value!r} must be a JSON object of class tables")
+        table[key] = value
+    return table
+
+
+def embedded_state_path(home: Path) -> Path:
+    """Where a running ``sluice up`` writes its broker URL and children, for other processes to find."""
+    return home / "up.json"
+
+
+def embedded_broker_url(home: Path) -> str | None:
+    """The broker URL of a ``sluice up`` running on this machine, if one is."""
+    try:
+        state = json.loads(embedded_state_path(home).read_text())
+        os.kill(int(state["pid"]), 0)
+        return str(state["broker_url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

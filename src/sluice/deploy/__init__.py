@@ -1,0 +1,1 @@
+"""Running sluice: the embedded Redis and the local cluster behind ``sluice up``."""

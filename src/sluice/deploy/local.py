@@ -1,0 +1,124 @@
+"""The local cluster behind ``sluice up``: Redis, one worker per class and Flower, as processes.
+
+It is the same topology as the Kubernetes deployment and docker-compose.yml, run as child
+processes of one command that stops them all cleanly (warm shutdown first) on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sluice.config import Settings, embedded_state_path
+from sluice.deploy.embedded import EmbeddedRedis, free_port
+from sluice.queues.catalog import ResourceClass
+from sluice.workers.gpu import gpu_count
+
+log = logging.getLogger("sluice.up")
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@dataclass
+class LocalCluster:
+    """Start with :meth:`start`, stop with :meth:`stop`; ``broker_url`` and ``flower_url`` say where."""
+
+    app_module: str
+    settings: Settings
+    classes: list[ResourceClass]
+    allow_no_gpu: bool = False
+    flower: bool = True
+    flower_port: int | None = None
+    broker_url: str | None = None
+    redis: EmbeddedRedis | None = None
+    children: list[Child] = field(default_factory=list)
+    flower_user: str = "sluice"
+    flower_password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def home(self) -> Path:
+        return self.settings.home
+
+    @property
+    def flower_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.flower_port}" if self.flower else None
+
+    def env(self) -> dict[str, str]:
+        """The environment that points a process at this cluster."""
+        return {"SLUICE_BROKER_URL": str(self.broker_url)}
+
+    def start(self) -> LocalCluster:
+        if self.broker_url is None:
+            self.redis = EmbeddedRedis(self.home / "redis").start()
+            self.broker_url = self.redis.url
+        try:
+            for rc in self.classes:
+                if rc.is_gpu and not self.allow_no_gpu and gpu_count() == 0:
+                    self.skipped[rc.name] = "no GPU here (start it anyway with --allow-no-gpu)"
+                    continue
+                self._spawn(f"worker-{rc.name}", [
+                    "-m", "sluice", "worker", "-A", self.app_module, "--queue", rc.name, "--loglevel", "INFO",
+                    "-n", f"{rc.name}@%h", "-E", *(["--allow-no-gpu"] if rc.is_gpu and self.allow_no_gpu else [])])
+            if self.flower:
+                self.flower_port = self.flower_port or free_port()
+                self._spawn("flower", [
+                    "-m", "celery", "-A", self.app_module, "flower", "--address=127.0.0.1",
+                    f"--port={self.flower_port}", f"--basic-auth={self.flower_user}:{self.flower_password}"])
+        except BaseException:
+            self.stop()
+            raise
+        self._write_state()
+        return self
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{name}.log"
+        with open(log_path, "ab") as out:
+            process = subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
+                                       env=os.environ | self.env(), start_new_session=True)
+        self.children.append(Child(name, process, log_path))
+
+    def _write_state(self) -> None:
+        state = {"pid": os.getpid(), "broker_url": self.broker_url, "flower_url": self.flower_url,
+                 "app": self.app_module, "children": {c.name: c.process.pid for c in self.children}}
+        path = embedded_state_path(self.home)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+
+    def dead_children(self) -> list[Child]:
+        return [c for c in self.children if c.process.poll() is not None]
+
+    def stop(self, grace: float = 30.0) -> None:
+        """Warm shutdown: SIGTERM every child (Celery finishes running tasks), SIGKILL after ``grace``."""
+        for child in self.children:
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in self.children:
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0fs; killing it", child.name, grace)
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+        if self.redis is not None:
+            self.redis.stop()
+        embedded_state_path(self.home).unlink(missing_ok=True)

@@ -1,0 +1,21 @@
+"""Every Redis key sluice writes, in one place, all under the ``sluice:`` prefix."""
+
+PREFIX = "sluice:"
+
+#: Seconds a worker heartbeat lives without being refreshed.
+HEARTBEAT_TTL = 10
+#: Seconds a memory-kill record is kept (long enough to explain a failure after the fact).
+MEMORY_KILL_TTL = 7 * 24 * 3600
+
+
+def worker_heartbeat(hostname: str) -> str:
+    """String (JSON) a live worker refreshes every few seconds; it expires when the worker dies."""
+    return f"{PREFIX}worker:{hostname}"
+
+
+WORKER_HEARTBEAT_PATTERN = f"{PREFIX}worker:*"
+
+
+def memory_kill(task_id: str) -> str:
+    """String (JSON): the watchdog killed this task for memory (rss, limit, class, worker)."""
+    return f"{PREFIX}memkill:{task_id}"

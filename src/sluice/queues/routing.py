@@ -1,0 +1,37 @@
+"""The Celery router: sends each task to the queue of the smallest class that fits its compute."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sluice.compute import Compute
+
+if TYPE_CHECKING:
+    from sluice.app import App
+
+#: Message header carrying a per-message compute (set when a retry escalates it).
+COMPUTE_HEADER = "sluice_compute"
+
+
+class ComputeRouter:
+    """A ``task_routes`` entry. Routes by effective compute, cached per task name.
+
+    Celery merges the returned route under the caller's options, so an explicit
+    ``apply_async(queue=...)`` still wins.
+    """
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._by_task: dict[str, dict[str, str]] = {}
+
+    def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None,
+                 **_: Any) -> dict[str, str]:
+        headers = options.get("headers")
+        if headers and COMPUTE_HEADER in headers:
+            compute = Compute.from_dict(headers[COMPUTE_HEADER]).inherit(self.app.default_compute)
+            return {"queue": self.app.catalog.route(compute, name).name}
+        route = self._by_task.get(name)
+        if route is None:
+            compute = self.app.effective_compute(name)
+            route = self._by_task[name] = {"queue": self.app.catalog.route(compute, name).name}
+        return route

@@ -1,0 +1,121 @@
+"""Quantities: Kubernetes cpu and memory quantities, and byte sizes for budgets.
+
+Two grammars live here because users meet both:
+
+* Kubernetes quantities (``"500m"``, ``"1.5"``, ``"32Gi"``, ``"129e6"``) size compute, exactly as
+  a pod spec would. They are parsed once to canonical ints (millicores, bytes) and formatted back
+  to the shortest canonical string.
+* Byte sizes (``"512Mi"``, ``"2G"``, ``1073741824``) size budgets such as a remote function's
+  memory. They are whole numbers only: ``"1.5Gi"`` is rejected.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+from sluice.errors import ConfigurationError
+
+_BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_QUANTITY = re.compile(r"^(?P<num>[+]?(?:\d+\.?\d*|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+
+CPU_FORMS = 'a number of cores ("4", "0.5", "1.5", 2) or millicores ("500m")'
+MEMORY_FORMS = (
+    'bytes (128974848, "129e6") or a Kubernetes suffix: Ki/Mi/Gi/Ti (powers of 1024, "512Mi") '
+    'or k/M/G/T (powers of 1000, "1G")'
+)
+SIZE_FORMS = (
+    "a whole number of bytes (1073741824) or a whole number with a suffix: "
+    'Ki/Mi/Gi/Ti or KiB/MiB/GiB/TiB (powers of 1024, "512Mi"), '
+    'K/M/G/T or KB/MB/GB/TB (powers of 1000, "2G")'
+)
+
+
+def _quantity(value: object, what: str, forms: str) -> Decimal:
+    """Parse a Kubernetes quantity to an exact Decimal in base units (cores or bytes)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigurationError(f"{what} {value!r} is not a quantity; use {forms}")
+    text = str(value).strip() if not isinstance(value, float) else repr(value)
+    match = _QUANTITY.match(text)
+    if not match:
+        raise ConfigurationError(f"{what} {value!r} is not a quantity; use {forms}")
+    try:
+        number = Decimal(match["num"])
+    except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
+        raise ConfigurationError(f"{what} {value!r} is not a quantity; use {forms}") from None
+    suffix = match["suffix"] or ""
+    if suffix in _BINARY:
+        return number * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return number * _DECIMAL[suffix]
+    if suffix == "m":
+        return number / 1000
+    if suffix:
+        return number * (Decimal(10) ** int(suffix[1:]))
+    return number
+
+
+def parse_cpu(value: object) -> int:
+    """Kubernetes cpu quantity -> millicores. ``"500m"`` -> 500, ``"1.5"`` -> 1500."""
+    cores = _quantity(value, "cpu", CPU_FORMS)
+    millis = cores * 1000
+    if millis != millis.to_integral_value():
+        raise ConfigurationError(f"cpu {value!r} is finer than 1m; use {CPU_FORMS}")
+    if millis <= 0:
+        raise ConfigurationError(f"cpu {value!r} must be greater than zero; use {CPU_FORMS}")
+    return int(millis)
+
+
+def parse_memory(value: object) -> int:
+    """Kubernetes memory quantity -> bytes. ``"32Gi"`` -> 34359738368, ``"1G"`` -> 10**9."""
+    size = _quantity(value, "memory", MEMORY_FORMS)
+    if size != size.to_integral_value():
+        raise ConfigurationError(f"memory {value!r} is not a whole number of bytes; use {MEMORY_FORMS}")
+    if size <= 0:
+        raise ConfigurationError(f"memory {value!r} must be greater than zero; use {MEMORY_FORMS}")
+    return int(size)
+
+
+def format_cpu(millicores: int) -> str:
+    """Millicores -> canonical cpu string: whole cores as ``"4"``, otherwise ``"1500m"``."""
+    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores}m"
+
+
+def format_memory(size: int) -> str:
+    """Bytes -> canonical memory string: the largest binary, else decimal, suffix that divides exactly."""
+    for table in (_BINARY, _DECIMAL):
+        for suffix, factor in sorted(table.items(), key=lambda kv: -kv[1]):
+            if size % factor == 0:
+                return f"{size // factor}{suffix}"
+    return str(size)
+
+
+_SIZE = re.compile(r"^(?P<num>\d+)\s*(?P<suffix>[KMGT]i?B?)?$")
+_SIZE_FACTORS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12} | {
+    k: v for k, v in _BINARY.items() if k in ("Ki", "Mi", "Gi", "Ti")
+}
+
+
+def parse_size(value: object, what: str = "size") -> int:
+    """Byte size for budgets: int bytes, or a whole number with Ki/Mi/Gi/Ti or K/M/G/T (B optional)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigurationError(f"{what} {value!r} is not a size; use {SIZE_FORMS}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigurationError(f"{what} {value!r} is negative; use {SIZE_FORMS}")
+        return value
+    match = _SIZE.match(value.strip())
+    if not match:
+        raise ConfigurationError(f"{what} {value!r} is not a size; use {SIZE_FORMS}")
+    suffix = (match["suffix"] or "").removesuffix("B")
+    return int(match["num"]) * _SIZE_FACTORS[suffix]
+
+
+def format_size(size: int) -> str:
+    """Bytes -> a human string for logs and messages (binary units, one decimal)."""
+    for suffix, factor in sorted(_BINARY.items(), key=lambda kv: -kv[1]):
+        if size >= factor:
+            value = size / factor
+            return f"{value:.0f}{suffix}" if value == int(value) else f"{value:.1f}{suffix}"
+    return f"{size}B"

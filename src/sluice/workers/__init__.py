@@ -1,0 +1,1 @@
+"""Worker-side pieces: the bootstep, memory watchdog, heartbeat and request class."""

@@ -1,0 +1,110 @@
+"""The sluice worker bootstep: sizing, the GPU check, the memory watchdog and the heartbeat.
+
+It is added to every :class:`sluice.App`'s worker blueprint, so ``celery -A app worker -Q
+highmem`` gets exactly what ``sluice worker --queue highmem`` gets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import bootsteps
+from celery.worker import state
+
+from sluice.compute import Compute
+from sluice.errors import GpuUnavailable
+from sluice.queues.catalog import ResourceClass
+from sluice.queues.routing import COMPUTE_HEADER
+from sluice.workers.gpu import gpu_count
+from sluice.workers.heartbeat import Heartbeat
+from sluice.workers.watchdog import MemoryWatchdog, Watched
+
+log = logging.getLogger("sluice.worker")
+
+
+class SluiceWorkerStep(bootsteps.StartStopStep):
+    """Sizes the pool to the class's slots, refuses gpu classes without a GPU, and runs the
+    memory watchdog and heartbeat threads for the worker's lifetime."""
+
+    label = "sluice"
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, worker: Any, allow_no_gpu: bool = False, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.app = worker.app
+        catalog = self.app.catalog
+        queues = list(self.app.amqp.queues.consume_from or [self.app.conf.task_default_queue])
+        self.queues = queues
+        self.classes: list[ResourceClass] = [catalog.get(q) for q in queues if q in catalog]
+        gpu_classes = [rc.name for rc in self.classes if rc.is_gpu]
+        if gpu_classes and not allow_no_gpu and gpu_count() == 0:
+            raise GpuUnavailable(
+                f"this worker was asked to consume gpu class(es) {', '.join(gpu_classes)} but no GPU is "
+                "visible (nvidia-smi found none; SLUICE_GPU_COUNT unset or 0). Run it on a GPU node, "
+                "or pass --allow-no-gpu for development")
+        if len(self.classes) == 1 and not kwargs.get("concurrency") and not kwargs.get("autoscale"):
+            worker.concurrency = worker.min_concurrency = self.classes[0].slots
+        self._limits: dict[str, Watched] = {}
+        self.watchdog: MemoryWatchdog | None = None
+        self.heartbeat: Heartbeat | None = None
+
+    def start(self, worker: Any) -> None:
+        client = self.app.redis
+        self.watchdog = MemoryWatchdog(self._running, client, worker.hostname, self.app.settings.watchdog_interval)
+        self.heartbeat = Heartbeat(client, worker.hostname, lambda: self._payload(worker))
+        self.watchdog.start()
+        self.heartbeat.start()
+        log.info("sluice worker %s serving %s with %d slot(s); memory watchdog every %.0f ms",
+                 worker.hostname, ", ".join(rc.describe() for rc in self.classes) or ", ".join(self.queues),
+                 worker.concurrency, self.app.settings.watchdog_interval * 1000)
+
+    def stop(self, worker: Any) -> None:
+        for thread in (self.watchdog, self.heartbeat):
+            if thread is not None:
+                thread.stop()
+
+    def _payload(self, worker: Any) -> dict[str, Any]:
+        return {
+            "hostname": worker.hostname,
+            "pid": os.getpid(),
+            "queues": self.queues,
+            "classes": [rc.name for rc in self.classes],
+            "slots": worker.concurrency,
+            "running": [req.id for req in _active_requests()],
+        }
+
+    def _running(self) -> list[Watched]:
+        """The busy pool processes and each one's memory limit (computed once per task)."""
+        active = [req for req in _active_requests() if req.worker_pid]
+        ids = {req.id for req in active}
+        for stale in set(self._limits) - ids:
+            del self._limits[stale]
+        watched = []
+        for req in active:
+            item = self._limits.get(req.id)
+            if item is None or item.pid != req.worker_pid:
+                item = self._limits[req.id] = self._watch(req)
+            watched.append(item)
+        return watched
+
+    def _watch(self, req: Any) -> Watched:
+        header = (req.request_dict or {}).get(COMPUTE_HEADER)
+        compute = (Compute.from_dict(header).inherit(self.app.default_compute) if header
+                   else self.app.effective_compute(req.name))
+        queue = (req.delivery_info or {}).get("routing_key") or ""
+        limit = compute.memory_bytes or 0
+        if queue in self.app.catalog:
+            limit = min(limit, self.app.catalog.get(queue).slot.memory_bytes or limit)
+        return Watched(req.id, req.name, req.worker_pid, limit, queue or "?")
+
+
+def _active_requests() -> list[Any]:
+    """A snapshot of the worker's running requests (the set is mutated by the main thread)."""
+    for _ in range(3):
+        try:
+            return list(state.active_requests)
+        except RuntimeError:
+            continue
+    return []

@@ -1,0 +1,26 @@
+"""How many GPUs this machine has (``SLUICE_GPU_COUNT`` overrides, for tests and development)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from sluice.errors import ConfigurationError
+
+
+def gpu_count() -> int:
+    """GPUs visible here: ``SLUICE_GPU_COUNT`` if set, else the lines of ``nvidia-smi -L``, else 0."""
+    override = os.environ.get("SLUICE_GPU_COUNT")
+    if override is not None:
+        if not override.strip().isdigit():
+            raise ConfigurationError(f"SLUICE_GPU_COUNT={override!r} must be a whole number of GPUs")
+        return int(override)
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))

@@ -1,0 +1,61 @@
+"""Worker heartbeat: a Redis key per worker, refreshed every few seconds, gone when it dies.
+
+``sluice status`` and the autoscaler read these keys: which workers are online, which classes
+they serve, how many slots they have and what they are running right now.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from sluice import keys
+
+log = logging.getLogger("sluice.heartbeat")
+
+
+class Heartbeat(threading.Thread):
+    """Writes ``payload()`` to the worker's heartbeat key every ``interval`` seconds."""
+
+    def __init__(self, client: redis.Redis, hostname: str, payload: Callable[[], dict[str, Any]],
+                 interval: float = 2.0) -> None:
+        super().__init__(name="sluice-heartbeat", daemon=True)
+        self.client = client
+        self.key = keys.worker_heartbeat(hostname)
+        self.payload = payload
+        self.interval = interval
+        self._stop_event = threading.Event()
+
+    def beat(self) -> None:
+        body = self.payload() | {"ts": time.time()}
+        self.client.set(self.key, json.dumps(body), ex=keys.HEARTBEAT_TTL)
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.beat()
+            except redis.RedisError as exc:
+                log.warning("heartbeat to redis failed: %s", exc)
+            if self._stop_event.wait(self.interval):
+                return
+
+    def stop(self) -> None:
+        """Stop beating and remove the key, so the worker is offline at once, not after the TTL."""
+        self._stop_event.set()
+        try:
+            self.client.delete(self.key)
+        except redis.RedisError:
+            pass
+
+
+def read_heartbeats(client: redis.Redis) -> list[dict[str, Any]]:
+    """Every live worker's last heartbeat."""
+    names = list(client.scan_iter(match=keys.WORKER_HEARTBEAT_PATTERN, count=500))
+    bodies = client.mget(names) if names else []
+    return [json.loads(body) for body in bodies if body is not None]

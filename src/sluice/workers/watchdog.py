@@ -1,0 +1,145 @@
+"""The memory watchdog: holds each running task to its effective memory, as a pod limit would.
+
+It runs as a thread in the worker's main process. Several times a second it measures the
+resident memory of each busy pool process together with its children, and SIGKILLs the tree of
+one that exceeds its task's limit, after recording the kill in Redis so the failure (and later
+an escalation) can tell a memory kill from a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psutil
+import redis
+
+from sluice import keys
+from sluice.units import format_size
+
+log = logging.getLogger("sluice.watchdog")
+
+
+@dataclass(frozen=True)
+class MemoryKill:
+    """What the watchdog saw when it killed a task."""
+
+    task_id: str
+    task: str
+    rss: int
+    limit: int
+    resource_class: str
+    worker: str
+    pid: int
+
+    @property
+    def message(self) -> str:
+        return (f"task {self.task}[{self.task_id}] killed for memory at {self.rss} bytes "
+                f"({format_size(self.rss)}) over its limit of {self.limit} bytes ({format_size(self.limit)}) "
+                f"on class {self.resource_class} (worker {self.worker})")
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A running task as the watchdog needs it: who runs it and how much it may hold."""
+
+    task_id: str
+    task: str
+    pid: int
+    limit: int
+    resource_class: str
+
+
+def tree_rss(process: psutil.Process) -> int:
+    """Resident bytes of a process and all its descendants (processes that vanish count as 0)."""
+    total = 0
+    try:
+        members = [process, *process.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for member in members:
+        try:
+            total += member.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def kill_tree(process: psutil.Process) -> None:
+    """SIGKILL the children first, then the process itself."""
+    try:
+        children = process.children(recursive=True)
+    except psutil.Error:
+        children = []
+    for member in [*children, process]:
+        try:
+            member.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            continue
+
+
+class MemoryWatchdog(threading.Thread):
+    """Polls ``running()`` every ``interval`` seconds and kills tasks over their limit."""
+
+    def __init__(self, running: Callable[[], Iterable[Watched]], client: redis.Redis, hostname: str,
+                 interval: float = 0.05) -> None:
+        super().__init__(name="sluice-memory-watchdog", daemon=True)
+        self.running = running
+        self.client = client
+        self.hostname = hostname
+        self.interval = interval
+        self._stop_event = threading.Event()
+        self._processes: dict[int, psutil.Process] = {}
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.check_once()
+            except Exception:  # a watchdog that dies silently is worse than a noisy one
+                log.exception("memory watchdog check failed; continuing")
+
+    def _process(self, pid: int) -> psutil.Process | None:
+        process = self._processes.get(pid)
+        if process is None or not process.is_running():
+            try:
+                process = self._processes[pid] = psutil.Process(pid)
+            except psutil.Error:
+                self._processes.pop(pid, None)
+                return None
+        return process
+
+    def check_once(self) -> list[MemoryKill]:
+        """One pass over the running tasks; returns the kills made."""
+        kills = []
+        watched = list(self.running())
+        live = {w.pid for w in watched}
+        for pid in set(self._processes) - live:
+            del self._processes[pid]
+        for item in watched:
+            process = self._process(item.pid)
+            if process is None:
+                continue
+            rss = tree_rss(process)
+            if rss > item.limit:
+                kills.append(self._kill(item, process, rss))
+        return kills
+
+    def _kill(self, item: Watched, process: psutil.Process, rss: int) -> MemoryKill:
+        kill = MemoryKill(item.task_id, item.task, rss, item.limit, item.resource_class, self.hostname, item.pid)
+        record: dict[str, Any] = asdict(kill) | {"message": kill.message, "at": time.time()}
+        self.client.set(keys.memory_kill(item.task_id), json.dumps(record), ex=keys.MEMORY_KILL_TTL)
+        log.warning("%s; sending SIGKILL to pid %d", kill.message, item.pid)
+        kill_tree(process)
+        self._processes.pop(item.pid, None)
+        return kill
+
+
