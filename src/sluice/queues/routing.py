@@ -16,13 +16,13 @@ COMPUTE_HEADER = "sluice_compute"
 class ComputeRouter:
     """A ``task_routes`` entry. Routes by effective compute, cached per task name.
 
-    Celery merges the returned route under the caller's options, so an explicit
-    ``apply_async(queue=...)`` still wins.
+    Celery merges the caller's options into the returned route (in place, so each call returns
+    a new dict), and an explicit ``apply_async(queue=...)`` still wins.
     """
 
     def __init__(self, app: App) -> None:
         self.app = app
-        self._by_task: dict[str, dict[str, str]] = {}
+        self._by_task: dict[str, str] = {}
 
     def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None,
                  **_: Any) -> dict[str, str]:
@@ -30,8 +30,7 @@ class ComputeRouter:
         if headers and COMPUTE_HEADER in headers:
             compute = Compute.from_dict(headers[COMPUTE_HEADER]).inherit(self.app.default_compute)
             return {"queue": self.app.catalog.route(compute, name).name}
-        route = self._by_task.get(name)
-        if route is None:
-            compute = self.app.effective_compute(name)
-            route = self._by_task[name] = {"queue": self.app.catalog.route(compute, name).name}
-        return route
+        queue = self._by_task.get(name)
+        if queue is None:
+            queue = self._by_task[name] = self.app.route(name).name
+        return {"queue": queue}

@@ -1,0 +1,24 @@
+"""The two apps bench/throughput.py compares: a sluice App and a plain Celery app configured alike."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from sluice import App
+from sluice.app import safe_defaults
+
+sluice_app = App("bench.sluice")
+
+
+@sluice_app.task(name="bench.noop", shared=False)
+def noop() -> None:
+    """Does nothing: the benchmark measures per-task overhead."""
+
+
+plain_app = Celery("bench.plain", broker=sluice_app.conf.broker_url, backend=sluice_app.conf.result_backend)
+plain_app.conf.update(safe_defaults(sluice_app.settings, "plain"))
+
+
+@plain_app.task(name="bench.noop", shared=False)
+def plain_noop() -> None:
+    """The same no-op on the plain app."""

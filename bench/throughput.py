@@ -1,0 +1,81 @@
+"""10,000 no-op tasks through sluice routing and through an equivalently configured plain Celery
+app: same redis-server, same worker settings (prefork, -c 2), run one after the other, alternated.
+
+Prints one JSON line: tasks/s for each and the ratio sluice/plain (goal: >= 0.9).
+Usage: python bench/throughput.py [--tasks 10000] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_round(kind: str, tasks: int, env: dict[str, str]) -> float:
+    """Start one worker, push ``tasks`` no-ops through it, return tasks/s end to end."""
+    from bench import apps
+
+    app, task, queue = ((apps.sluice_app, apps.noop, "cpu") if kind == "sluice"
+                        else (apps.plain_app, apps.plain_noop, "plain"))
+    client = apps.sluice_app.redis
+    client.flushdb()
+    cmd = ([sys.executable, "-m", "sluice", "worker", "-A", "bench.apps:sluice_app", "--queue", "cpu"]
+           if kind == "sluice" else [sys.executable, "-m", "celery", "-A", "bench.apps:plain_app", "worker", "-Q", queue])
+    worker = subprocess.Popen([*cmd, "-c", "2", "-P", "prefork", "--without-mingle", "--without-gossip",
+                               "--loglevel", "WARNING", "-n", f"{kind}@bench"],
+                              cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        task.delay().get(timeout=60)  # warm: the worker is up and consuming
+        start = time.perf_counter()
+        ids = [task.delay().id for _ in range(tasks)]
+        keys = [f"celery-task-meta-{i}" for i in ids]
+        pending = keys
+        deadline = time.monotonic() + 600
+        while pending and time.monotonic() < deadline:
+            found = client.mget(pending)
+            pending = [k for k, v in zip(pending, found) if v is None]
+            if pending:
+                time.sleep(0.05)
+        elapsed = time.perf_counter() - start
+        if pending:
+            raise SystemExit(f"{kind}: {len(pending)} tasks unfinished after 600 s")
+        return tasks / elapsed
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(60)
+        del app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    from sluice.deploy.embedded import EmbeddedRedis
+
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp)) as server:
+        os.environ["SLUICE_BROKER_URL"] = server.url
+        env = os.environ | {"PYTHONPATH": str(ROOT)}
+        rates: dict[str, list[float]] = {"plain": [], "sluice": []}
+        for _ in range(args.rounds):
+            for kind in ("plain", "sluice"):
+                rates[kind].append(run_round(kind, args.tasks, env))
+    plain, ours = statistics.median(rates["plain"]), statistics.median(rates["sluice"])
+    print(json.dumps({"benchmark": "throughput", "tasks": args.tasks, "rounds": args.rounds,
+                      "plain_celery_tasks_per_s": round(plain, 1), "sluice_tasks_per_s": round(ours, 1),
+                      "ratio": round(ours / plain, 3), "goal_ratio": 0.9}))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()

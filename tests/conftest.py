@@ -1,0 +1,112 @@
+"""Fixtures: a real redis-server on a free loopback port and real worker subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from sluice import keys
+from sluice.deploy.embedded import EmbeddedRedis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """One redis-server for the session; SLUICE_BROKER_URL points every app and worker at it."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    os.environ["SLUICE_BROKER_URL"] = server.url
+    os.environ["SLUICE_HOME"] = str(tmp_path_factory.mktemp("sluice-home"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: EmbeddedRedis) -> redis.Redis:
+    """A client on a freshly flushed database: no queue or key leaks between tests."""
+    client = redis_server.client()
+    client.flushdb()
+    return client
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> object:
+    """Poll until ``predicate()`` is truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+class Workers:
+    """Starts real worker processes (``sluice worker`` or plain ``celery worker``) and stops them."""
+
+    def __init__(self, client: redis.Redis, log_dir: Path) -> None:
+        self.client = client
+        self.log_dir = log_dir
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, app: str, queue: str, name: str, *extra: str, plain_celery: bool = False,
+              env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen[bytes]:
+        if plain_celery:
+            args = ["-m", "celery", "-A", app, "worker", "-Q", queue]
+        else:
+            args = ["-m", "sluice", "worker", "-A", app, "--queue", queue]
+        hostname = f"{name}@test"
+        log = open(self.log_dir / f"{name}.log", "ab")
+        process = subprocess.Popen(
+            [sys.executable, *args, "-n", hostname, "--loglevel", "INFO", *extra],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=os.environ | {"PYTHONPATH": str(ROOT)} | (env or {}))
+        log.close()
+        self.processes.append(process)
+        if wait:
+            wait_for(lambda: process.poll() is not None or self.client.exists(keys.worker_heartbeat(hostname)),
+                     60, f"worker {hostname} to start")
+            assert process.poll() is None, f"worker {hostname} exited: {self.log(name)}"
+        return process
+
+    def heartbeat(self, name: str) -> dict[str, object]:
+        body = self.client.get(keys.worker_heartbeat(f"{name}@test"))
+        assert body is not None, f"no heartbeat for {name}"
+        return json.loads(body)
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+@pytest.fixture
+def workers(redis_client: redis.Redis, tmp_path: Path) -> Iterator[Workers]:
+    pool = Workers(redis_client, tmp_path)
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture
+def basic_app(redis_server: EmbeddedRedis):  # noqa: ANN201 - a module
+    """tests.apps.basic, imported only once SLUICE_BROKER_URL points at the test server."""
+    import importlib
+
+    return importlib.import_module("tests.apps.basic")

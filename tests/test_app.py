@@ -1,0 +1,85 @@
+"""The App: declaration-time checks, routing by compute through task_routes, safe defaults.
+
+Messages are really published to the test redis-server; the queue lists show where they went.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+import redis
+
+from sluice import App, Compute, ResourceClass
+from sluice.deploy.embedded import EmbeddedRedis
+from sluice.errors import ConfigurationError, NoQueueFits
+from sluice.queues.status import queue_depth
+
+
+def test_delay_routes_by_effective_compute(basic_app: ModuleType, redis_client: redis.Redis) -> None:
+    basic_app.default_task.delay()
+    basic_app.big_task.delay()
+    basic_app.big_task.delay()
+    assert queue_depth(redis_client, "cpu") == 1
+    assert queue_depth(redis_client, "highmem") == 2
+
+
+def test_explicit_queue_wins_for_that_call_only(basic_app: ModuleType, redis_client: redis.Redis) -> None:
+    basic_app.big_task.apply_async(queue="cpu")
+    assert (queue_depth(redis_client, "cpu"), queue_depth(redis_client, "highmem")) == (1, 0)
+    basic_app.big_task.delay()
+    assert (queue_depth(redis_client, "cpu"), queue_depth(redis_client, "highmem")) == (1, 1)
+
+
+def test_effective_compute_inherits_per_axis(basic_app: ModuleType) -> None:
+    assert basic_app.app.effective_compute(basic_app.big_task.name) == Compute(cpu="1", memory="4Gi")
+    assert basic_app.default_task.effective_compute == Compute(cpu="1", memory="512Mi")
+
+
+def test_safe_defaults(basic_app: ModuleType) -> None:
+    conf = basic_app.app.conf
+    assert conf.task_acks_late and conf.worker_prefetch_multiplier == 1
+    assert conf.task_serializer == "json" and conf.accept_content == ["json"]
+    assert conf.broker_transport_options["visibility_timeout"] == 6 * 3600
+    assert conf.task_default_queue == "cpu"
+
+
+def test_no_queue_fits_at_decoration(redis_server: EmbeddedRedis) -> None:
+    app = App("t", broker=redis_server.url)
+    with pytest.raises(NoQueueFits, match="too_big"):
+        @app.task(compute=Compute(memory="1Ti"))
+        def too_big() -> None: ...
+
+
+def test_compute_must_be_a_compute(redis_server: EmbeddedRedis) -> None:
+    app = App("t", broker=redis_server.url)
+    with pytest.raises(ConfigurationError, match="must be a sluice.Compute"):
+        @app.task(compute={"memory": "1Gi"})
+        def typo() -> None: ...
+
+
+def test_custom_catalog_and_default_compute(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    app = App("t", broker=redis_server.url, default_compute=Compute(memory="100Mi"),
+              classes=[ResourceClass("small", Compute(cpu="1", memory="150Mi")),
+                       ResourceClass("large", Compute(cpu="1", memory="600Mi"))])
+
+    @app.task(compute=Compute(memory="300Mi"))
+    def medium() -> None: ...
+
+    @app.task
+    def plain() -> None: ...
+
+    assert app.route(medium.name).name == "large"
+    assert app.route(plain.name).name == "small"
+    medium.delay()
+    assert queue_depth(redis_client, "large") == 1
+
+
+def test_default_compute_that_fits_nowhere_fails_at_app_creation(redis_server: EmbeddedRedis) -> None:
+    with pytest.raises(NoQueueFits, match="default compute"):
+        App("t", broker=redis_server.url, default_compute=Compute(memory="1Ti"))
+
+
+def test_non_redis_broker_rejected() -> None:
+    with pytest.raises(ConfigurationError, match="amqp://x"):
+        App("t", broker="amqp://x")

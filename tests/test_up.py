@@ -1,0 +1,100 @@
+"""`sluice up` on the embedded default: starts everything, `sluice status` reports, Ctrl-C cleans up."""
+
+from __future__ import annotations
+
+import base64
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from sluice import keys
+from tests.conftest import ROOT, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _lines(stream: object, sink: queue.Queue[str]) -> None:
+    for line in stream:  # type: ignore[attr-defined]
+        sink.put(line)
+
+
+def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SLUICE_BROKER_URL"}
+    env |= {"SLUICE_HOME": str(tmp_path), "SLUICE_GPU_COUNT": "0", "PYTHONPATH": str(ROOT)}
+    up = subprocess.Popen([sys.executable, "-m", "sluice", "up"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=env, cwd=tmp_path)
+    out: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=_lines, args=(up.stdout, out), daemon=True).start()
+    try:
+        printed: list[str] = []
+        wait_for(lambda: _drain(out, printed) and any("Ctrl-C stops everything" in line for line in printed),
+                 60, "sluice up to print its banner")
+        exports = dict(line.removeprefix("export ").strip().split("=", 1) for line in printed
+                       if line.startswith("export "))
+        url = exports["SLUICE_BROKER_URL"]
+        assert url.startswith("redis://:") and "@127.0.0.1:" in url
+        assert any("gpu: not started: no GPU here" in line for line in printed)
+        flower = next(line.split()[1] for line in printed if line.strip().startswith("flower"))
+        user, password = next(line for line in printed if "password" in line).split("(user ")[1].rstrip(")\n").split(
+            ", password ")
+
+        client = redis.Redis.from_url(url)
+        for name in ("cpu", "highmem"):
+            wait_for(lambda n=name: client.exists(keys.worker_heartbeat(f"{n}@{_host()}")), 60, f"{name} worker")
+        assert wait_for(lambda: _status_code(flower, None) == 401, 60, "flower to ask for credentials")
+        assert _status_code(flower, (user, password)) == 200
+
+        from celery import Celery
+        Celery(broker=url).send_task("anything", queue="gpu")
+        status = subprocess.run([sys.executable, "-m", "sluice", "status"], capture_output=True, text=True, timeout=60,
+                                env=env | {"SLUICE_BROKER_URL": url, "COLUMNS": "200"}, cwd=tmp_path)
+        assert status.returncode == 0, status.stderr
+        rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:6]]
+                for line in status.stdout.splitlines() if line.startswith("│")}
+        assert rows["cpu"] == ["0", "1", "0", "4"]       # queued, workers, running, slots
+        assert rows["highmem"] == ["0", "1", "0", "1"]
+        assert rows["gpu"] == ["1", "0", "0", "0"]
+
+        family = psutil.Process(up.pid).children(recursive=True)
+        assert len(family) >= 4  # redis, two workers (plus their pool processes), flower
+    finally:
+        up.send_signal(signal.SIGINT)
+        code = up.wait(90)
+    assert code == 0
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert alive == [], f"left behind: {alive}"
+    assert not (tmp_path / "up.json").exists()
+
+
+def _drain(out: queue.Queue[str], printed: list[str]) -> bool:
+    while not out.empty():
+        printed.append(out.get())
+    return True
+
+
+def _host() -> str:
+    import socket
+    return socket.gethostname()
+
+
+def _status_code(url: str, auth: tuple[str, str] | None) -> int | None:
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return None
