@@ -88,7 +88,7 @@ class Workers:
     def stop_all(self) -> None:
         for process in self.processes:
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+                process.send_signal(signal.SIGTERM)  # the main process only: a warm shutdown
         for process in self.processes:
             try:
                 process.wait(20)

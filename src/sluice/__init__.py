@@ -4,15 +4,22 @@ from sluice.app import App
 from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.errors import (
+    AttemptFailed,
     BrokerUnavailable,
     ConfigurationError,
     GpuUnavailable,
+    MemoryExhausted,
     MemoryKilled,
     NoQueueFits,
+    RetriesExhausted,
     SluiceError,
     TaskFailed,
+    Transient,
+    WorkerLost,
 )
 from sluice.queues import Catalog, ResourceClass
+from sluice.tasks.history import attempts
+from sluice.tasks.retry import Backoff, ComputeEscalation, RetryOn, RetryPolicy
 
 __all__ = [
     # core model
@@ -22,6 +29,13 @@ __all__ = [
     # resource classes
     "Catalog",
     "ResourceClass",
+    # retries and escalation
+    "RetryPolicy",
+    "RetryOn",
+    "ComputeEscalation",
+    "Backoff",
+    "Transient",
+    "attempts",
     # errors
     "SluiceError",
     "ConfigurationError",
@@ -30,4 +44,8 @@ __all__ = [
     "BrokerUnavailable",
     "TaskFailed",
     "MemoryKilled",
+    "WorkerLost",
+    "AttemptFailed",
+    "RetriesExhausted",
+    "MemoryExhausted",
 ]

@@ -17,6 +17,7 @@ from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.routing import ComputeRouter
 from sluice.tasks.base import ComputeTask
+from sluice.tasks.retry import RetryPolicy
 from sluice.workers.bootsteps import SluiceWorkerStep
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -76,21 +77,33 @@ class App(Celery):
             ["--allow-no-gpu"], is_flag=True, default=False,
             help="Let this worker consume gpu classes on a machine without a GPU (development only)."))
 
+    #: Set by the worker bootstep: this worker process's unique instance id (None outside workers).
+    worker_instance: str | None = None
+
     def task(self, *args: Any, **opts: Any) -> Any:
-        """Celery's ``@app.task``, plus ``compute=``: checked and routed here, at decoration time."""
-        compute = opts.get("compute")
-        if compute is not None:
-            if not isinstance(compute, Compute):
-                raise ConfigurationError(f"compute={compute!r} must be a sluice.Compute, e.g. Compute(memory='8Gi')")
-            if args and callable(args[0]):
-                self.catalog.route(compute.inherit(self.default_compute), _task_name(args[0], opts))
-            else:
-                return functools.partial(self._checked_task, opts)
-        return super().task(*args, **opts)
+        """Celery's ``@app.task``, plus ``compute=`` and ``retry=``, checked here at decoration time:
+        a compute no class holds, or a policy whose max_memory no class holds, fails at import."""
+        if "retry" in opts:
+            opts["retry_policy"] = opts.pop("retry")
+        if args and callable(args[0]):
+            self._check_task(args[0], opts)
+            return super().task(*args, **opts)
+        return functools.partial(self._checked_task, opts)
 
     def _checked_task(self, opts: dict[str, Any], fun: Any) -> Any:
-        self.catalog.route(opts["compute"].inherit(self.default_compute), _task_name(fun, opts))
+        self._check_task(fun, opts)
         return super().task(**opts)(fun)
+
+    def _check_task(self, fun: Any, opts: dict[str, Any]) -> None:
+        compute, policy, name = opts.get("compute"), opts.get("retry_policy"), _task_name(fun, opts)
+        if compute is not None and not isinstance(compute, Compute):
+            raise ConfigurationError(f"{name}: compute={compute!r} must be a sluice.Compute, e.g. Compute(memory='8Gi')")
+        if policy is not None and not isinstance(policy, RetryPolicy):
+            raise ConfigurationError(f"{name}: retry={policy!r} must be a sluice.RetryPolicy")
+        effective = (compute or Compute()).inherit(self.default_compute)
+        self.catalog.route(effective, name)
+        if policy is not None:
+            policy.check(effective, self.catalog, name)
 
     def effective_compute(self, task_name: str) -> Compute:
         """The compute a task runs with: its declared axes over the app's default compute."""

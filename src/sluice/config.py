@@ -27,7 +27,7 @@ from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog
 
 SETTING_KEYS = ("broker_url", "result_backend", "default_cpu", "default_memory", "visibility_timeout",
-                "watchdog_interval", "home", "classes")
+                "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes")
 
 #: Longer than any task should run: a task still running on a live worker must never be redelivered.
 DEFAULT_VISIBILITY_TIMEOUT = 6 * 3600
@@ -42,6 +42,12 @@ class Settings:
     default_compute: Compute = field(default_factory=lambda: Compute(cpu="1", memory="512Mi"))
     visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
     watchdog_interval: float = 0.05
+    #: A worker beats this often; it is taken for dead after 5 missed beats.
+    heartbeat_interval: float = 2.0
+    #: How often a worker sweeps for messages held by dead workers.
+    reaper_interval: float = 5.0
+    #: A held message with no ledger claim is an orphan only after this many seconds.
+    orphan_grace: float = 60.0
     home: Path = field(default_factory=lambda: Path.home() / ".sluice")
     catalog: Catalog = field(default_factory=lambda: Catalog.merged({}))
 
@@ -73,6 +79,9 @@ class Settings:
             default_compute=default_compute,
             visibility_timeout=_positive(table, "visibility_timeout", defaults.visibility_timeout, int),
             watchdog_interval=_positive(table, "watchdog_interval", defaults.watchdog_interval, float),
+            heartbeat_interval=_positive(table, "heartbeat_interval", defaults.heartbeat_interval, float),
+            reaper_interval=_positive(table, "reaper_interval", defaults.reaper_interval, float),
+            orphan_grace=_positive(table, "orphan_grace", defaults.orphan_grace, float),
             home=Path(table["home"]).expanduser() if table.get("home") else defaults.home,
             catalog=Catalog.merged(classes),
         )

@@ -5,8 +5,13 @@
     │   ├── NoQueueFits           no resource class can hold a task's compute
     │   └── GpuUnavailable        a worker asked to serve a gpu class has no GPU
     ├── BrokerUnavailable         the broker/redis-server cannot be reached or started
-    └── TaskFailed                a task ended badly on a worker (travels as type + message)
-        └── MemoryKilled          the watchdog killed the task for exceeding its memory
+    ├── TaskFailed                a task ended badly on a worker (travels as type + message)
+    │   ├── MemoryKilled          the watchdog killed the task for exceeding its memory
+    │   ├── WorkerLost            the process (or whole worker) running the task died
+    │   ├── AttemptFailed         one attempt failed and another follows (the RETRY state's info)
+    │   └── RetriesExhausted      the retry policy is spent; the message lists every attempt
+    │       └── MemoryExhausted   killed for memory at the policy's max_memory (or out of retries)
+    └── Transient                 raised by a task: "retry me" under RetryOn.TRANSIENT
 
 Errors that cross processes travel as data (type, module, message) in the result backend and
 are rebuilt by Celery on the caller's side, so each class here takes one message string.
@@ -41,3 +46,39 @@ class TaskFailed(SluiceError):
 
 class MemoryKilled(TaskFailed):
     """The worker's memory watchdog killed the task for using more than its effective memory."""
+
+
+class WorkerLost(TaskFailed):
+    """The pool process or the whole worker running the task died without a result."""
+
+
+class _WithHistory(TaskFailed):
+    """A failure that carries the attempt history: ``.history`` is a list of attempt dicts.
+
+    Both arguments are JSON-safe, so the exception travels through the result backend as data
+    and is rebuilt with its history on the caller's side.
+    """
+
+    def __init__(self, message: str, history: list | None = None) -> None:
+        super().__init__(message, history or [])
+        self.message = message
+        self.history = history or []
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class AttemptFailed(_WithHistory):
+    """An attempt failed and a retry was published: what ``AsyncResult.info`` holds in RETRY."""
+
+
+class RetriesExhausted(_WithHistory):
+    """The retry policy is spent; the message lists every attempt."""
+
+
+class MemoryExhausted(RetriesExhausted):
+    """The task was killed for memory at its policy's max_memory, or ran out of retries escalating."""
+
+
+class Transient(SluiceError):
+    """Raise this in a task to say the failure is temporary: retried under RetryOn.TRANSIENT."""

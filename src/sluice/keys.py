@@ -2,8 +2,6 @@
 
 PREFIX = "sluice:"
 
-#: Seconds a worker heartbeat lives without being refreshed.
-HEARTBEAT_TTL = 10
 #: Seconds a memory-kill record is kept (long enough to explain a failure after the fact).
 MEMORY_KILL_TTL = 7 * 24 * 3600
 
@@ -19,3 +17,17 @@ WORKER_HEARTBEAT_PATTERN = f"{PREFIX}worker:*"
 def memory_kill(task_id: str) -> str:
     """String (JSON): the watchdog killed this task for memory (rss, limit, class, worker)."""
     return f"{PREFIX}memkill:{task_id}"
+
+
+def delivery(task_id: str) -> str:
+    """String (JSON): the delivery ledger's claim, which worker instance runs which attempt of a task."""
+    return f"{PREFIX}delivery:{task_id}"
+
+
+#: String: held (SET NX EX) by the one worker sweeping for orphaned messages right now.
+REAPER_LOCK = f"{PREFIX}reaper:lock"
+
+
+def attempts(task_id: str) -> str:
+    """List of JSON records: each attempt of a task that ended without a result."""
+    return f"{PREFIX}attempts:{task_id}"

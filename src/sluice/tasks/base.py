@@ -1,25 +1,92 @@
-"""ComputeTask: the Celery task base class that carries a task's declared compute."""
+"""ComputeTask: the Celery task base class that carries a task's compute and retry policy."""
 
 from __future__ import annotations
 
-from celery import Task
+import logging
+from typing import Any
+
+from celery import Task, states
+from celery.exceptions import Ignore, Retry
 
 from sluice.compute import Compute
+from sluice.errors import AttemptFailed, TaskFailed, WorkerLost
+from sluice.tasks.escalation import ATTEMPT_HEADER, Attempt, end_attempt
+from sluice.tasks.retry import Reason, RetryPolicy, classify
+from sluice.workers import ledger
 from sluice.workers.request import ComputeRequest
+
+log = logging.getLogger("sluice.task")
 
 
 class ComputeTask(Task):
     """Base of every task an :class:`sluice.App` declares.
 
-    ``compute`` is the task's declared size (axes left unset inherit the app default);
-    ``Request`` is sluice's worker-side request, which turns a memory kill into a
-    :class:`sluice.errors.MemoryKilled` failure.
+    ``compute`` is the task's declared size (axes left unset inherit the app default) and
+    ``retry_policy`` what happens when an attempt fails (``@app.task(retry=RetryPolicy(...))``).
+    In the pool process, before the task runs, its attempt is claimed in the delivery ledger
+    (a redelivery of an attempt whose worker died is ended by the policy, not blindly re-run);
+    exceptions the task raises are handled here too. Pool processes that die are handled by
+    ``Request`` (:class:`ComputeRequest`) in the worker's main process.
     """
 
     compute: Compute | None = None
+    retry_policy: RetryPolicy | None = None
     Request = ComputeRequest
+    _warned_eager: bool = False
 
     @property
     def effective_compute(self) -> Compute:
         """The declared compute with unset axes filled from the app's default compute."""
         return self.app.effective_compute(self.name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.is_eager or request.called_directly:
+            self._warn_eager()
+            return super().__call__(*args, **kwargs)
+        self._claim_delivery(request)
+        try:
+            return super().__call__(*args, **kwargs)
+        except (Retry, Ignore, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            if self.retry_policy is None:
+                raise
+            self._end_attempt(request, classify(exc), f"{type(exc).__name__}: {exc}", exc)
+            raise
+
+    def _claim_delivery(self, request: Any) -> None:
+        """Claim this attempt in the ledger (one round trip); act on a redelivery of a dead attempt."""
+        instance = self.app.worker_instance
+        if instance is None:
+            return
+        number = int(getattr(request, ATTEMPT_HEADER, None) or 1)
+        ttl = self.app.settings.visibility_timeout + 3600
+        previous = ledger.claim(self.app.redis, request.id, number, request.hostname or "?", instance, ttl)
+        if previous is None or previous.attempt != number or previous.instance == instance:
+            return
+        if ledger.holder_running(self.app.redis, request.id, previous):
+            ledger.put_back(self.app.redis, request.id, previous, ttl)
+            log.warning("task %s[%s] delivered again while %s still runs it; dropping the duplicate",
+                        self.name, request.id, previous.worker)
+            raise Ignore()
+        if self.backend.get_state(request.id) in states.READY_STATES:
+            log.warning("task %s[%s] was redelivered after it finished; not running it again", self.name, request.id)
+            raise Ignore()
+        detail = f"worker {previous.worker} died while running attempt {number}"
+        self._end_attempt(request, Reason.WORKER_LOST, detail, WorkerLost(f"task {self.name}[{request.id}]: {detail}"))
+
+    def _end_attempt(self, request: Any, reason: Reason, detail: str, error: BaseException) -> None:
+        """Raise what the policy decided: Retry (next attempt published) or the final error."""
+        attempt = Attempt.of(self, vars(request), request.delivery_info)
+        outcome: TaskFailed | None = end_attempt(self, request, attempt, reason, detail, request.hostname or "?")
+        if isinstance(outcome, AttemptFailed):
+            raise Retry(str(outcome), exc=outcome) from error
+        raise (outcome or error) from (error if outcome else None)
+
+    def _warn_eager(self) -> None:
+        """In-process runs have no per-task envelope: say so once per task, then run."""
+        if (self.compute is not None or self.retry_policy is not None) and not type(self)._warned_eager:
+            type(self)._warned_eager = True
+            log.warning("%s runs in-process (eager): its compute %s and retry policy are not enforced here; "
+                        "they apply on workers", self.name, self.effective_compute.describe())

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from typing import Any
 
 from celery import bootsteps
 from celery.worker import state
 
-from sluice.compute import Compute
 from sluice.errors import GpuUnavailable
 from sluice.queues.catalog import ResourceClass
-from sluice.queues.routing import COMPUTE_HEADER
+from sluice.tasks.escalation import Attempt
 from sluice.workers.gpu import gpu_count
 from sluice.workers.heartbeat import Heartbeat
+from sluice.workers.reaper import OrphanReaper
 from sluice.workers.watchdog import MemoryWatchdog, Watched
 
 log = logging.getLogger("sluice.worker")
@@ -26,7 +27,7 @@ log = logging.getLogger("sluice.worker")
 
 class SluiceWorkerStep(bootsteps.StartStopStep):
     """Sizes the pool to the class's slots, refuses gpu classes without a GPU, and runs the
-    memory watchdog and heartbeat threads for the worker's lifetime."""
+    memory watchdog, heartbeat and orphan reaper threads for the worker's lifetime."""
 
     label = "sluice"
     requires = ("celery.worker.components:Pool",)
@@ -47,27 +48,30 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
         if len(self.classes) == 1 and not kwargs.get("concurrency") and not kwargs.get("autoscale"):
             worker.concurrency = worker.min_concurrency = self.classes[0].slots
         self._limits: dict[str, Watched] = {}
-        self.watchdog: MemoryWatchdog | None = None
-        self.heartbeat: Heartbeat | None = None
+        self.app.worker_instance = self.instance = uuid.uuid4().hex
+        self.threads: list[MemoryWatchdog | Heartbeat | OrphanReaper] = []
 
     def start(self, worker: Any) -> None:
-        client = self.app.redis
-        self.watchdog = MemoryWatchdog(self._running, client, worker.hostname, self.app.settings.watchdog_interval)
-        self.heartbeat = Heartbeat(client, worker.hostname, lambda: self._payload(worker))
-        self.watchdog.start()
-        self.heartbeat.start()
+        client, settings = self.app.redis, self.app.settings
+        self.threads = [
+            Heartbeat(client, worker.hostname, lambda: self._payload(worker), settings.heartbeat_interval),
+            MemoryWatchdog(self._running, client, worker.hostname, settings.watchdog_interval),
+            OrphanReaper(self.app, client, self.instance, settings.reaper_interval, settings.orphan_grace),
+        ]
+        for thread in self.threads:
+            thread.start()
         log.info("sluice worker %s serving %s with %d slot(s); memory watchdog every %.0f ms",
                  worker.hostname, ", ".join(rc.describe() for rc in self.classes) or ", ".join(self.queues),
                  worker.concurrency, self.app.settings.watchdog_interval * 1000)
 
     def stop(self, worker: Any) -> None:
-        for thread in (self.watchdog, self.heartbeat):
-            if thread is not None:
-                thread.stop()
+        for thread in self.threads:
+            thread.stop()
 
     def _payload(self, worker: Any) -> dict[str, Any]:
         return {
             "hostname": worker.hostname,
+            "instance": self.instance,
             "pid": os.getpid(),
             "queues": self.queues,
             "classes": [rc.name for rc in self.classes],
@@ -90,11 +94,9 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
         return watched
 
     def _watch(self, req: Any) -> Watched:
-        header = (req.request_dict or {}).get(COMPUTE_HEADER)
-        compute = (Compute.from_dict(header).inherit(self.app.default_compute) if header
-                   else self.app.effective_compute(req.name))
+        attempt = Attempt.of(req.task, req.request_dict or {}, req.delivery_info)
         queue = (req.delivery_info or {}).get("routing_key") or ""
-        limit = compute.memory_bytes or 0
+        limit = attempt.compute.memory_bytes or 0
         if queue in self.app.catalog:
             limit = min(limit, self.app.catalog.get(queue).slot.memory_bytes or limit)
         return Watched(req.id, req.name, req.worker_pid, limit, queue or "?")

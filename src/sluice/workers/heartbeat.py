@@ -21,7 +21,12 @@ log = logging.getLogger("sluice.heartbeat")
 
 
 class Heartbeat(threading.Thread):
-    """Writes ``payload()`` to the worker's heartbeat key every ``interval`` seconds."""
+    """Writes ``payload()`` to the worker's heartbeat key every ``interval`` seconds.
+
+    The key lives ``TTL_BEATS`` intervals, so a worker is taken for dead after missing that many.
+    """
+
+    TTL_BEATS = 5
 
     def __init__(self, client: redis.Redis, hostname: str, payload: Callable[[], dict[str, Any]],
                  interval: float = 2.0) -> None:
@@ -34,7 +39,7 @@ class Heartbeat(threading.Thread):
 
     def beat(self) -> None:
         body = self.payload() | {"ts": time.time()}
-        self.client.set(self.key, json.dumps(body), ex=keys.HEARTBEAT_TTL)
+        self.client.set(self.key, json.dumps(body), px=int(self.interval * self.TTL_BEATS * 1000))
 
     def run(self) -> None:
         while True:

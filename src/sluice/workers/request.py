@@ -1,4 +1,10 @@
-"""ComputeRequest: Celery's worker-side Request, taught to name a memory kill for what it is."""
+"""ComputeRequest: Celery's worker-side Request, taught what a killed pool process means.
+
+Runs in the worker's main process. When the pool process running a task dies
+(WorkerLostError), the watchdog's record (or the SIGKILL) tells a memory kill from a crash, and
+the task's retry policy decides: publish the next attempt at a bigger size, or fail with
+:class:`MemoryKilled` / the attempt history.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +13,50 @@ from typing import Any
 
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
+from celery import states
 from celery.worker.request import Request
 
 from sluice import keys
-from sluice.errors import MemoryKilled
+from sluice.errors import AttemptFailed, MemoryKilled
+from sluice.tasks.escalation import Attempt, end_attempt
+from sluice.tasks.retry import Reason
 
 
 class ComputeRequest(Request):
-    """When a pool process dies and the watchdog recorded a memory kill for this task,
-    the task fails with :class:`MemoryKilled` (its message names size and class) instead of
-    Celery's bare ``WorkerLostError``."""
+    """Celery's Request plus memory-kill handling."""
 
     def on_failure(self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False) -> Any:
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc
-        if isinstance(exc, WorkerLostError):
-            record = self.task.app.redis.get(keys.memory_kill(self.id))
-            if record is not None:
-                exc_info = _memory_killed_info(json.loads(record)["message"], exc)
-        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        if not isinstance(exc, WorkerLostError) or self.task.backend.get_state(self.id) == states.SUCCESS:
+            return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        reason, detail, error = self._why_lost(exc)
+        attempt = Attempt.of(self.task, self.request_dict, self.delivery_info)
+        outcome = end_attempt(self.task, self._context, attempt, reason, detail, self.hostname)
+        if isinstance(outcome, AttemptFailed):
+            return self._retried(outcome)
+        return super().on_failure(_exception_info(outcome or error, exc), send_failed_event=send_failed_event,
+                                  return_ok=return_ok)
+
+    def _why_lost(self, exc: WorkerLostError) -> tuple[Reason, str, BaseException]:
+        record = self.task.app.redis.get(keys.memory_kill(self.id))
+        if record is not None:
+            message = json.loads(record)["message"]
+            return Reason.MEMORY, message, MemoryKilled(message)
+        if "SIGKILL" in str(exc):
+            return Reason.MEMORY, "killed by SIGKILL (likely the kernel's OOM killer)", exc
+        return Reason.LOST, str(exc), exc
+
+    def _retried(self, outcome: AttemptFailed) -> None:
+        """The next attempt is published: store RETRY (its info holds the history) and acknowledge."""
+        self.task.backend.mark_as_retry(self.id, outcome, request=self._context)
+        self.send_event("task-retried", exception=repr(outcome), traceback="")
+        self.acknowledge()
 
 
-def _memory_killed_info(message: str, cause: BaseException) -> ExceptionInfo:
+def _exception_info(error: BaseException, cause: BaseException) -> ExceptionInfo:
     try:
-        raise MemoryKilled(message) from cause
-    except MemoryKilled:
+        raise error from cause
+    except BaseException:
         return ExceptionInfo()

@@ -1,0 +1,74 @@
+"""Ending an attempt: publish the next one (escalated and re-routed) or fail with the history.
+
+Used from both sides of a worker: the pool process (a task raised) and the main process (the
+pool process was killed, or a redelivered message shows its previous worker died mid-task).
+The next attempt keeps the task id, so the caller's ``AsyncResult`` follows every attempt; the
+attempt number and escalated compute travel in message headers, the history in Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sluice.compute import Compute
+from sluice.errors import AttemptFailed, MemoryExhausted, RetriesExhausted, TaskFailed
+from sluice.queues.routing import COMPUTE_HEADER
+from sluice.tasks.history import append as append_history
+from sluice.tasks.retry import Reason, attempt_record, decide, describe_attempt, summarize
+
+if TYPE_CHECKING:
+    from sluice.tasks.base import ComputeTask
+
+log = logging.getLogger("sluice.escalation")
+
+ATTEMPT_HEADER = "sluice_attempt"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The attempt a message represents: its number, size and queue."""
+
+    number: int
+    compute: Compute
+    queue: str
+
+    @classmethod
+    def of(cls, task: ComputeTask, fields: dict[str, Any], delivery_info: dict[str, Any] | None) -> Attempt:
+        """Read from a request's fields (custom headers arrive there); headers win over the task."""
+        header = fields.get(COMPUTE_HEADER)
+        compute = (Compute.from_dict(header).inherit(task.app.default_compute) if header
+                   else task.app.effective_compute(task.name))
+        return cls(int(fields.get(ATTEMPT_HEADER) or 1), compute, (delivery_info or {}).get("routing_key") or "?")
+
+
+def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reason, detail: str,
+                worker: str) -> TaskFailed | None:
+    """Decide and act on an attempt that ended without a result.
+
+    Returns :class:`AttemptFailed` after publishing the next attempt (store it as RETRY), a
+    :class:`RetriesExhausted`/:class:`MemoryExhausted` when the policy is spent (store it as
+    FAILURE), or None when the policy does not retry this reason (fail with the original error).
+    """
+    policy = task.retry_policy
+    decision = decide(policy, attempt.compute, attempt.number, reason)
+    record = attempt_record(attempt.number, attempt.queue, attempt.compute, reason, detail, worker)
+    history = append_history(task.app.redis, context.id, record)
+    if decision.retry:
+        target = task.app.catalog.route(decision.compute, task.name)
+        headers = {**(context.headers or {}), COMPUTE_HEADER: decision.compute.to_dict(),
+                   ATTEMPT_HEADER: attempt.number + 1}
+        task.signature_from_request(context, queue=target.name, headers=headers,
+                                    countdown=decision.countdown or None).apply_async()
+        total = policy.max_attempts if policy else 1
+        line = (f"task {task.name}[{context.id}] {describe_attempt(history[-1])}; retrying at "
+                f"{decision.compute.memory} on {target.name} (attempt {attempt.number + 1} of {total})")
+        if decision.countdown:
+            line += f" in {decision.countdown:.1f}s"
+        log.warning(line)
+        return AttemptFailed(line, history)
+    if decision.exhausted:
+        error = MemoryExhausted if reason.memory_like else RetriesExhausted
+        return error(summarize(task.name, history), history)
+    return None

@@ -1,0 +1,43 @@
+"""A task's attempt history, kept in Redis so the caller can read it after the fact.
+
+Every attempt that ends without a result appends one record; ``attempts(result)`` returns those
+plus, once the task has succeeded, the attempt that did.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+from celery.result import AsyncResult
+
+from sluice import keys
+
+#: How long a history is kept (as long as sluice keeps memory-kill records).
+HISTORY_TTL = keys.MEMORY_KILL_TTL
+
+
+def append(client: redis.Redis, task_id: str, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Add one ended attempt; returns the whole history so far."""
+    key = keys.attempts(task_id)
+    pipe = client.pipeline()
+    pipe.rpush(key, json.dumps(record))
+    pipe.expire(key, HISTORY_TTL)
+    pipe.lrange(key, 0, -1)
+    return [json.loads(item) for item in pipe.execute()[-1]]
+
+
+def read(client: redis.Redis, task_id: str) -> list[dict[str, Any]]:
+    return [json.loads(item) for item in client.lrange(keys.attempts(task_id), 0, -1)]
+
+
+def attempts(result: AsyncResult) -> list[dict[str, Any]]:
+    """Every attempt of a task: the ones that failed (attempt, queue, compute, reason, detail,
+    worker) and, if it succeeded, the successful one (from the result's extended meta)."""
+    history = read(result.app.redis, result.id)
+    if result.state == "SUCCESS":
+        meta = result.backend.get_task_meta(result.id)
+        history.append({"attempt": len(history) + 1, "queue": meta.get("queue"), "reason": "succeeded",
+                        "worker": meta.get("worker")})
+    return history

@@ -1,0 +1,89 @@
+"""Orphan recovery: put back messages held by workers that died, within seconds, not hours.
+
+Redis redelivers an unacknowledged message only after the visibility timeout (hours, so that a
+long task on a live worker is never run twice). A worker that dies hard (SIGKILL, an OOMKilled
+pod) leaves its messages in kombu's ``unacked`` hash until then. Every worker runs this sweep;
+one at a time (a Redis lock) looks at each held message and restores it to its queue when:
+
+* the ledger says which worker instance took it, and that instance's heartbeat is gone; or
+* no claim matches it (the worker died before running it) and it has been held longer than
+  ``orphan_grace`` seconds, past its ETA if it has one.
+
+The redelivered message then meets the ledger on the next worker (see ``request.py``), which
+counts the lost attempt and lets the retry policy decide.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery import Celery
+
+from sluice import keys
+from sluice.tasks.escalation import ATTEMPT_HEADER
+from sluice.workers import ledger
+
+log = logging.getLogger("sluice.reaper")
+
+
+class OrphanReaper(threading.Thread):
+    """Sweeps every ``interval`` seconds for messages whose holder died."""
+
+    def __init__(self, app: Celery, client: redis.Redis, instance: str, interval: float, grace: float) -> None:
+        super().__init__(name="sluice-orphan-reaper", daemon=True)
+        self.app = app
+        self.client = client
+        self.instance = instance
+        self.interval = interval
+        self.grace = grace
+        options = app.conf.broker_transport_options or {}
+        self.unacked_key = options.get("unacked_key", "unacked")
+        self.unacked_index_key = options.get("unacked_index_key", "unacked_index")
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.sweep_once()
+            except Exception:  # keep sweeping: a transient Redis error must not end recovery for good
+                log.exception("orphan sweep failed; will try again")
+
+    def sweep_once(self) -> list[str]:
+        """One sweep (if this worker holds the lock); returns the task ids restored."""
+        if not self.client.set(keys.REAPER_LOCK, self.instance, nx=True, px=int(self.interval * 2000)):
+            return []
+        restored = []
+        now = time.time()
+        for tag, raw in self.client.hgetall(self.unacked_key).items():
+            message = json.loads(raw)[0]
+            if self._orphaned(tag, message, now):
+                self._restore(tag)
+                restored.append(message["headers"].get("id", "?"))
+        if restored:
+            log.warning("restored %d message(s) held by dead workers: %s", len(restored), ", ".join(restored))
+        return restored
+
+    def _orphaned(self, tag: bytes, message: dict[str, Any], now: float) -> bool:
+        headers = message.get("headers") or {}
+        task_id = headers.get("id")
+        held = ledger.current(self.client, task_id) if task_id else None
+        if held is not None and held.attempt == int(headers.get(ATTEMPT_HEADER) or 1):
+            return not ledger.holder_running(self.client, task_id, held)
+        since = self.client.zscore(self.unacked_index_key, tag) or now
+        eta = headers.get("eta")
+        due = max(since, datetime.fromisoformat(eta).timestamp()) if eta else since
+        return now - due > self.grace
+
+    def _restore(self, tag: bytes) -> None:
+        """kombu's own restore (queue lookup, priorities, redelivered flag), on a short-lived channel."""
+        with self.app.connection_for_write() as connection:
+            connection.default_channel.qos.restore_by_tag(tag.decode())

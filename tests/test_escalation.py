@@ -1,0 +1,118 @@
+"""Retry escalation with real workers and real allocations, on a small ladder
+(small 150Mi, medium 300Mi, large 600Mi; see tests/apps/ladder.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import redis
+
+import sluice
+from sluice.deploy.embedded import EmbeddedRedis
+from sluice.errors import MemoryExhausted, RetriesExhausted
+from tests.conftest import Workers
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def ladder(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, Workers]]:
+    """One worker serving the whole ladder (the watchdog limits by the class each message came from)."""
+    import importlib
+
+    pool = Workers(redis_server.client(), tmp_path_factory.mktemp("ladder"))
+    pool.start("tests.apps.ladder", "small", "ladder", "--queue", "medium", "--queue", "large", "-c", "2",
+               "--without-mingle", "--without-gossip")
+    yield importlib.import_module("tests.apps.ladder"), pool
+    pool.stop_all()
+
+
+def runs(client: redis.Redis, task_id: str) -> list[str]:
+    return [q.decode() for q in client.lrange(f"test:runs:{task_id}", 0, -1)]
+
+
+def test_killed_at_150Mi_escalates_to_300Mi_on_the_next_class(ladder: tuple[ModuleType, Workers],
+                                                              redis_server: EmbeddedRedis) -> None:
+    app, pool = ladder
+    result = app.grows.delay(200)
+    value = result.get(timeout=60)
+    assert value == {"queue": "medium", "worker": "ladder@test", "attempt": 2}
+    history = sluice.attempts(result)
+    assert [(h["attempt"], h["queue"], h["reason"]) for h in history] == [(1, "small", "memory"),
+                                                                           (2, "medium", "succeeded")]
+    assert history[0]["compute"] == {"cpu": "1", "memory": "150Mi"}
+    assert runs(redis_server.client(), result.id) == ["small", "medium"]
+    assert (f"grows[{result.id}] killed for memory at 150Mi on small; retrying at 300Mi on medium (attempt 2 of 4)"
+            in pool.log("ladder"))
+
+
+def test_always_too_big_ends_memory_exhausted_after_exactly_the_ladder(ladder: tuple[ModuleType, Workers],
+                                                                        redis_server: EmbeddedRedis) -> None:
+    app, _ = ladder
+    result = app.always_too_big.delay()
+    with pytest.raises(MemoryExhausted) as err:
+        result.get(timeout=90)
+    assert str(err.value) == ("tests.apps.ladder.always_too_big failed after 3 attempt(s): killed for memory at "
+                              "150Mi on small, killed for memory at 300Mi on medium, killed for memory at 600Mi on large")
+    assert [h["compute"]["memory"] for h in err.value.history] == ["150Mi", "300Mi", "600Mi"]
+    assert runs(redis_server.client(), result.id) == ["small", "medium", "large"]
+
+
+def test_business_exception_is_not_retried(ladder: tuple[ModuleType, Workers], redis_server: EmbeddedRedis) -> None:
+    app, _ = ladder
+    result = app.business.delay()
+    with pytest.raises(ValueError, match="row 17"):
+        result.get(timeout=30)
+    assert runs(redis_server.client(), result.id) == ["small"]
+
+
+def test_transient_is_retried_at_the_same_size(ladder: tuple[ModuleType, Workers]) -> None:
+    app, _ = ladder
+    result = app.flaky.delay()
+    assert result.get(timeout=30) == {"queue": "small", "worker": "ladder@test", "attempt": 2}
+    first = sluice.attempts(result)[0]
+    assert (first["reason"], first["compute"]["memory"], first["detail"]) == (
+        "transient", "150Mi", "Transient: the warehouse was busy")
+
+
+def test_poison_exit_fails_after_the_policy_with_no_hot_loop(ladder: tuple[ModuleType, Workers],
+                                                             redis_server: EmbeddedRedis) -> None:
+    app, _ = ladder
+    result = app.poison_exit.delay()
+    with pytest.raises(RetriesExhausted, match="failed after 3 attempt"):
+        result.get(timeout=60)
+    assert len(runs(redis_server.client(), result.id)) == 3
+    assert [h["reason"] for h in sluice.attempts(result)] == ["lost"] * 3
+
+
+def test_poison_sigkill_is_a_memory_kill_and_escalates(ladder: tuple[ModuleType, Workers],
+                                                       redis_server: EmbeddedRedis) -> None:
+    app, _ = ladder
+    result = app.poison_kill.delay()
+    with pytest.raises(MemoryExhausted):
+        result.get(timeout=60)
+    assert runs(redis_server.client(), result.id) == ["small", "medium", "large"]
+    assert {h["detail"] for h in sluice.attempts(result)} == {"killed by SIGKILL (likely the kernel's OOM killer)"}
+
+
+def test_without_a_policy_a_memory_kill_fails_once(ladder: tuple[ModuleType, Workers],
+                                                   redis_server: EmbeddedRedis) -> None:
+    app, _ = ladder
+    result = app.no_policy_hog.delay()
+    with pytest.raises(sluice.MemoryKilled, match="on class small"):
+        result.get(timeout=30)
+    assert runs(redis_server.client(), result.id) == ["small"]
+
+
+def test_eager_mode_warns_once_and_runs(ladder: tuple[ModuleType, Workers], caplog: pytest.LogCaptureFixture) -> None:
+    app, _ = ladder
+    with caplog.at_level(logging.WARNING, logger="sluice.task"):
+        first = app.flaky.apply()
+        app.flaky.apply()
+    assert first.state == "FAILURE"  # no envelope in-process: the Transient is not retried
+    warnings = [r.message for r in caplog.records if "runs in-process" in r.message]
+    assert len(warnings) == 1 and "memory=150Mi" in warnings[0]

@@ -1,0 +1,69 @@
+"""The whole worker dies mid-task (SIGKILL of its process group, as an OOMKilled pod dies):
+the held message is recovered from the dead worker within seconds (heartbeat + ledger, not the
+6-hour visibility timeout), the lost attempt is counted and escalated, and nothing is lost or
+run twice to completion."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import redis
+
+import sluice
+from sluice.deploy.embedded import EmbeddedRedis
+from tests.conftest import Workers, wait_for
+
+pytestmark = pytest.mark.integration
+
+KILLS = 20
+FAST_RECOVERY = {"SLUICE_HEARTBEAT_INTERVAL": "0.2", "SLUICE_REAPER_INTERVAL": "0.5"}
+ARGS = ("--queue", "medium", "--queue", "large", "-c", "2", "--without-mingle", "--without-gossip")
+
+
+def test_kill_the_worker_mid_task_again_and_again(redis_server: EmbeddedRedis, tmp_path: Path) -> None:
+    import importlib
+
+    ladder = importlib.import_module("tests.apps.ladder")
+    client: redis.Redis = redis_server.client()
+    pool = Workers(client, tmp_path)
+    try:
+        worker = pool.start("tests.apps.ladder", "small", "victim", *ARGS, env=FAST_RECOVERY)
+        results = []
+        for _ in range(KILLS):
+            result = ladder.long_step.delay(3.0)
+            wait_for(lambda: client.exists(f"test:running:{result.id}:1"), 60, "the first attempt to start")
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(30)
+            worker = pool.start("tests.apps.ladder", "small", "victim", *ARGS, env=FAST_RECOVERY, wait=False)
+            assert result.get(timeout=60)["attempt"] == 2  # bounded: fails long before a visibility timeout
+            results.append(result)
+        for result in results:
+            assert result.state == "SUCCESS"
+            assert client.get(f"test:completed:{result.id}") == b"1"            # ran to completion once
+            assert client.lrange(f"test:runs:{result.id}", 0, -1) == [b"small", b"medium"]
+            lost, succeeded = sluice.attempts(result)
+            assert (lost["reason"], lost["compute"]["memory"]) == ("worker lost", "100Mi")
+            assert (succeeded["queue"], succeeded["reason"]) == ("medium", "succeeded")
+    finally:
+        pool.stop_all()
+
+
+def test_a_live_workers_long_task_is_left_alone(redis_server: EmbeddedRedis, tmp_path: Path) -> None:
+    """A second worker sweeping for orphans must not take a task that a live worker is running."""
+    import importlib
+
+    ladder = importlib.import_module("tests.apps.ladder")
+    client: redis.Redis = redis_server.client()
+    pool = Workers(client, tmp_path)
+    try:
+        pool.start("tests.apps.ladder", "small", "runner", *ARGS, env=FAST_RECOVERY)
+        result = ladder.long_step.delay(4.0)
+        wait_for(lambda: client.exists(f"test:running:{result.id}:1"), 60, "the task to start")
+        pool.start("tests.apps.ladder", "small", "sweeper", *ARGS, env=FAST_RECOVERY)
+        assert result.get(timeout=60) == {"queue": "small", "worker": "runner@test", "attempt": 1}
+        assert client.lrange(f"test:runs:{result.id}", 0, -1) == [b"small"]
+    finally:
+        pool.stop_all()
