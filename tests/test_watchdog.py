@@ -69,3 +69,17 @@ def test_young_tasks_are_measured_from_their_second_tick(redis_client: redis.Red
     assert dog.check_once(now=100.0) == []          # first sight: not measured yet
     assert len(dog.check_once(now=100.06)) == 1     # one interval later: killed
     assert process.wait(10) == -9
+
+
+def test_reports_a_busy_process_that_died_once(redis_client: redis.Redis) -> None:
+    """A pool process killed by someone else is reported so the pool reaps it at once."""
+    process = _spawn(HOLD.format(mib=5))
+    watched = [Watched("t-4", "tests.victim", process.pid, 200 * MiB, "cpu")]
+    deaths: list[int] = []
+    dog = MemoryWatchdog(lambda: watched, redis_client, "w@test", interval=0.0, on_dead=lambda: deaths.append(1))
+    assert dog.check_once() == [] and deaths == []
+    process.kill()  # a zombie until reaped, as a pool child is until billiard joins it
+    wait_for(lambda: dog.check_once() == [] and deaths, 10, "the death to be reported")
+    dog.check_once()
+    assert deaths == [1]
+    process.wait(10)

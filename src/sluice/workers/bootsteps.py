@@ -55,7 +55,8 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
         client, settings = self.app.redis, self.app.settings
         self.threads = [
             Heartbeat(client, worker.hostname, lambda: self._payload(worker), settings.heartbeat_interval),
-            MemoryWatchdog(self._running, client, worker.hostname, settings.watchdog_interval),
+            MemoryWatchdog(self._running, client, worker.hostname, settings.watchdog_interval,
+                           on_dead=lambda: self._pool_process_died(worker)),
             OrphanReaper(self.app, client, self.instance, settings.reaper_interval, settings.orphan_grace),
         ]
         for thread in self.threads:
@@ -67,6 +68,14 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
     def stop(self, worker: Any) -> None:
         for thread in self.threads:
             thread.stop()
+
+    @staticmethod
+    def _pool_process_died(worker: Any) -> None:
+        """Ask the pool (on the event loop's thread) to reap and replace dead processes now; it
+        otherwise notices some deaths only on its 5-second maintenance timer."""
+        hub, pool = getattr(worker, "hub", None), getattr(worker, "pool", None)
+        if hub is not None and pool is not None:
+            hub.call_soon(pool.maintain_pool)
 
     def _payload(self, worker: Any) -> dict[str, Any]:
         return {

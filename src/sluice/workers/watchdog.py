@@ -56,15 +56,23 @@ class Watched:
     resource_class: str
 
 
-def tree_rss(members: Iterable[psutil.Process]) -> int:
-    """Resident bytes of a process tree's members (processes that vanish count as 0)."""
+def tree_rss(members: list[psutil.Process]) -> int | None:
+    """Resident bytes of a process tree (members that vanish count as 0); None when the root is dead."""
     total = 0
-    for member in members:
+    for index, member in enumerate(members):
         try:
             total += member.memory_info().rss
         except psutil.Error:
-            continue
+            if index == 0:
+                return None
     return total
+
+
+def _zombie(process: psutil.Process | None) -> bool:
+    try:
+        return process is None or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def kill_tree(process: psutil.Process) -> None:
@@ -86,11 +94,14 @@ class MemoryWatchdog(threading.Thread):
     Cheap enough to run at 20 Hz beside a busy worker: a task is first measured one interval
     after it was first seen (a no-op task costs nothing), and a tree's membership (which needs a
     scan of every process) is refreshed every ``tree_refresh`` seconds while each member's RSS is
-    read on every tick.
+    read on every tick. When a busy pool process is found dead (killed here or by anyone else),
+    ``on_dead`` is called once for it, so the pool can notice at once rather than on its next
+    periodic check.
     """
 
     def __init__(self, running: Callable[[], Iterable[Watched]], client: redis.Redis, hostname: str,
-                 interval: float = 0.05, tree_refresh: float = 0.5) -> None:
+                 interval: float = 0.05, tree_refresh: float = 0.5,
+                 on_dead: Callable[[], None] = lambda: None) -> None:
         super().__init__(name="sluice-memory-watchdog", daemon=True)
         self.running = running
         self.client = client
@@ -98,9 +109,11 @@ class MemoryWatchdog(threading.Thread):
         self.interval = interval
         self._stop_event = threading.Event()
         self.tree_refresh = tree_refresh
+        self.on_dead = on_dead
         self._processes: dict[int, psutil.Process] = {}
         self._trees: dict[int, tuple[float, list[psutil.Process]]] = {}
         self._first_seen: dict[str, float] = {}
+        self._reported: set[int] = set()
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -141,6 +154,7 @@ class MemoryWatchdog(threading.Thread):
         for pid in set(self._processes) - live_pids:
             self._processes.pop(pid, None)
             self._trees.pop(pid, None)
+        self._reported &= live_pids
         live_ids = {w.task_id for w in watched}
         for task_id in set(self._first_seen) - live_ids:
             del self._first_seen[task_id]
@@ -148,12 +162,18 @@ class MemoryWatchdog(threading.Thread):
             if now - self._first_seen.setdefault(item.task_id, now) < self.interval:
                 continue
             process = self._process(item.pid)
-            if process is None:
-                continue
-            rss = tree_rss(self._tree(process, now))
-            if rss > item.limit:
+            rss = None if process is None else tree_rss(self._tree(process, now))
+            if rss is None or _zombie(process):
+                self._report_dead(item.pid)
+            elif rss > item.limit:
                 kills.append(self._kill(item, process, rss))
+                self._report_dead(item.pid)
         return kills
+
+    def _report_dead(self, pid: int) -> None:
+        if pid not in self._reported:
+            self._reported.add(pid)
+            self.on_dead()
 
     def _kill(self, item: Watched, process: psutil.Process, rss: int) -> MemoryKill:
         kill = MemoryKill(item.task_id, item.task, rss, item.limit, item.resource_class, self.hostname, item.pid)
