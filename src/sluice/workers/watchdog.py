@@ -166,8 +166,7 @@ class MemoryWatchdog(threading.Thread):
             if rss is None or _zombie(process):
                 self._report_dead(item.pid)
             elif rss > item.limit:
-                kills.append(self._kill(item, process, rss))
-                self._report_dead(item.pid)
+                kills.append(self._kill(item, process, rss))  # reported dead on a later tick, once a zombie
         return kills
 
     def _report_dead(self, pid: int) -> None:
@@ -181,7 +180,6 @@ class MemoryWatchdog(threading.Thread):
         self.client.set(keys.memory_kill(item.task_id), json.dumps(record), ex=keys.MEMORY_KILL_TTL)
         log.warning("%s; sending SIGKILL to pid %d", kill.message, item.pid)
         kill_tree(process)
-        self._processes.pop(item.pid, None)
         self._trees.pop(item.pid, None)
         return kill
 
