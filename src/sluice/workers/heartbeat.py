@@ -7,8 +7,6 @@ they serve, how many slots they have and what they are running right now.
 from __future__ import annotations
 
 import json
-import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,43 +14,32 @@ from typing import Any
 import redis
 
 from sluice import keys
+from sluice.workers.periodic import Periodic
 
-log = logging.getLogger("sluice.heartbeat")
 
-
-class Heartbeat(threading.Thread):
+class Heartbeat(Periodic):
     """Writes ``payload()`` to the worker's heartbeat key every ``interval`` seconds.
 
     The key lives ``TTL_BEATS`` intervals, so a worker is taken for dead after missing that many.
     """
 
     TTL_BEATS = 5
+    tick_first = True
 
     def __init__(self, client: redis.Redis, hostname: str, payload: Callable[[], dict[str, Any]],
                  interval: float = 2.0) -> None:
-        super().__init__(name="sluice-heartbeat", daemon=True)
+        super().__init__("sluice-heartbeat", interval)
         self.client = client
         self.key = keys.worker_heartbeat(hostname)
         self.payload = payload
-        self.interval = interval
-        self._stop_event = threading.Event()
 
-    def beat(self) -> None:
+    def tick(self) -> None:
         body = self.payload() | {"ts": time.time()}
         self.client.set(self.key, json.dumps(body), px=int(self.interval * self.TTL_BEATS * 1000))
 
-    def run(self) -> None:
-        while True:
-            try:
-                self.beat()
-            except redis.RedisError as exc:
-                log.warning("heartbeat to redis failed: %s", exc)
-            if self._stop_event.wait(self.interval):
-                return
-
     def stop(self) -> None:
         """Stop beating and remove the key, so the worker is offline at once, not after the TTL."""
-        self._stop_event.set()
+        super().stop()
         try:
             self.client.delete(self.key)
         except redis.RedisError:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from datetime import datetime
 from typing import Any
@@ -28,34 +27,26 @@ from celery import Celery
 from sluice import keys
 from sluice.tasks.escalation import ATTEMPT_HEADER
 from sluice.workers import ledger
+from sluice.workers.periodic import Periodic
 
 log = logging.getLogger("sluice.reaper")
 
 
-class OrphanReaper(threading.Thread):
+class OrphanReaper(Periodic):
     """Sweeps every ``interval`` seconds for messages whose holder died."""
 
     def __init__(self, app: Celery, client: redis.Redis, instance: str, interval: float, grace: float) -> None:
-        super().__init__(name="sluice-orphan-reaper", daemon=True)
+        super().__init__("sluice-orphan-reaper", interval)
         self.app = app
         self.client = client
         self.instance = instance
-        self.interval = interval
         self.grace = grace
         options = app.conf.broker_transport_options or {}
         self.unacked_key = options.get("unacked_key", "unacked")
         self.unacked_index_key = options.get("unacked_index_key", "unacked_index")
-        self._stop_event = threading.Event()
 
-    def stop(self) -> None:
-        self._stop_event.set()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            try:
-                self.sweep_once()
-            except Exception:  # keep sweeping: a transient Redis error must not end recovery for good
-                log.exception("orphan sweep failed; will try again")
+    def tick(self) -> list[str]:
+        return self.sweep_once()
 
     def sweep_once(self) -> list[str]:
         """One sweep (if this worker holds the lock); returns the task ids restored."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -21,6 +20,7 @@ import psutil
 import redis
 
 from sluice import keys
+from sluice.workers.periodic import Periodic
 from sluice.units import format_size
 
 log = logging.getLogger("sluice.watchdog")
@@ -88,7 +88,7 @@ def kill_tree(process: psutil.Process) -> None:
             continue
 
 
-class MemoryWatchdog(threading.Thread):
+class MemoryWatchdog(Periodic):
     """Polls ``running()`` every ``interval`` seconds and kills tasks over their limit.
 
     Cheap enough to run at 20 Hz beside a busy worker: a task is first measured one interval
@@ -102,12 +102,10 @@ class MemoryWatchdog(threading.Thread):
     def __init__(self, running: Callable[[], Iterable[Watched]], client: redis.Redis, hostname: str,
                  interval: float = 0.05, tree_refresh: float = 0.5,
                  on_dead: Callable[[], None] = lambda: None) -> None:
-        super().__init__(name="sluice-memory-watchdog", daemon=True)
+        super().__init__("sluice-memory-watchdog", interval)
         self.running = running
         self.client = client
         self.hostname = hostname
-        self.interval = interval
-        self._stop_event = threading.Event()
         self.tree_refresh = tree_refresh
         self.on_dead = on_dead
         self._processes: dict[int, psutil.Process] = {}
@@ -115,15 +113,8 @@ class MemoryWatchdog(threading.Thread):
         self._first_seen: dict[str, float] = {}
         self._reported: set[int] = set()
 
-    def stop(self) -> None:
-        self._stop_event.set()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            try:
-                self.check_once()
-            except Exception:  # a watchdog that dies silently is worse than a noisy one
-                log.exception("memory watchdog check failed; continuing")
+    def tick(self) -> list[MemoryKill]:
+        return self.check_once()
 
     def _process(self, pid: int) -> psutil.Process | None:
         process = self._processes.get(pid)
