@@ -33,6 +33,7 @@ def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
     * JSON only: nothing on a task queue executes code when it is decoded.
     * visibility timeout: longer than any task should run, so a live worker's task is never
       handed to a second worker.
+    * sent events: Flower sees each attempt's queue (an escalated retry is a new publish).
     """
     return {
         "task_acks_late": True,
@@ -44,6 +45,7 @@ def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout},
         "result_extended": True,
         "task_track_started": True,
+        "task_send_sent_event": True,
         "task_default_queue": default_queue,
         "broker_connection_retry_on_startup": True,
     }
