@@ -69,3 +69,10 @@ def test_dict_round_trip_and_unknown_axes() -> None:
     assert Compute.from_dict(c.to_dict()) == c
     with pytest.raises(ConfigurationError, match="gpus"):
         Compute.from_dict({"gpus": 1})
+
+
+def test_pickles() -> None:
+    import pickle
+
+    c = Compute(cpu="1500m", memory="3Gi", gpu=1)
+    assert pickle.loads(pickle.dumps(c)) == c

@@ -1,12 +1,14 @@
 """sluice: a Celery + Redis task queue that knows what each task needs."""
 
 from sluice.app import App
+from sluice.assets import Asset, AssetDef, CodeRepository, Executor, MaterializeResult
 from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.errors import (
     AttemptFailed,
     BrokerUnavailable,
     ConfigurationError,
+    DefinitionError,
     GpuUnavailable,
     MemoryExhausted,
     MemoryKilled,
@@ -36,9 +38,16 @@ __all__ = [
     "Backoff",
     "Transient",
     "attempts",
+    # assets
+    "Asset",
+    "AssetDef",
+    "CodeRepository",
+    "Executor",
+    "MaterializeResult",
     # errors
     "SluiceError",
     "ConfigurationError",
+    "DefinitionError",
     "NoQueueFits",
     "GpuUnavailable",
     "BrokerUnavailable",

@@ -11,6 +11,7 @@ import click
 import redis
 from celery import Celery
 
+from sluice.assets.step_task import RUN_STEP_TASK, run_step
 from sluice.compute import Compute
 from sluice.config import Settings, embedded_broker_url
 from sluice.errors import ConfigurationError
@@ -75,6 +76,7 @@ class App(Celery):
         self.conf.update(safe_defaults(settings, self.catalog.default_class.name))
         self.conf.task_routes = (ComputeRouter(self),)
         self.steps["worker"].add(SluiceWorkerStep)
+        self.task(name=RUN_STEP_TASK, bind=True, shared=False)(run_step)
         self.user_options["worker"].add(click.Option(
             ["--allow-no-gpu"], is_flag=True, default=False,
             help="Let this worker consume gpu classes on a machine without a GPU (development only)."))

@@ -47,6 +47,9 @@ class Compute:
         """Build from canonical ints (millicores, bytes, count)."""
         return cls(cpu=None if millicores is None else f"{millicores}m", memory=memory_bytes, gpu=gpu)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Compute.of, self._key())
+
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Compute is frozen; use inherit() or replace() to derive a new one ({name})")
 

@@ -3,6 +3,7 @@
     SluiceError
     ├── ConfigurationError        bad settings, sizes or options; raised when declared
     │   ├── NoQueueFits           no resource class can hold a task's compute
+    │   ├── DefinitionError       an asset graph is wrong: unknown dependency, cycle, duplicate
     │   └── GpuUnavailable        a worker asked to serve a gpu class has no GPU
     ├── BrokerUnavailable         the broker/redis-server cannot be reached or started
     ├── TaskFailed                a task ended badly on a worker (travels as type + message)
@@ -30,6 +31,10 @@ class ConfigurationError(SluiceError, ValueError):
 
 class NoQueueFits(ConfigurationError):
     """No resource class has a slot large enough for the task's compute."""
+
+
+class DefinitionError(ConfigurationError):
+    """An asset or asset graph is defined wrongly; the message names the assets involved."""
 
 
 class GpuUnavailable(ConfigurationError):

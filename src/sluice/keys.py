@@ -31,3 +31,8 @@ REAPER_LOCK = f"{PREFIX}reaper:lock"
 def attempts(task_id: str) -> str:
     """List of JSON records: each attempt of a task that ended without a result."""
     return f"{PREFIX}attempts:{task_id}"
+
+
+def asset_value(run_id: str, asset: str) -> str:
+    """Bytes: an asset's pickled value (or a file pointer) for one materialization run."""
+    return f"{PREFIX}asset:{run_id}:{asset}"

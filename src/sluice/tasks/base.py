@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Task, states
 from celery.exceptions import Ignore, Retry
@@ -50,10 +50,7 @@ class ComputeTask(Task):
         except (Retry, Ignore, KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:
-            if self.retry_policy is None:
-                raise
-            self._end_attempt(request, classify(exc), f"{type(exc).__name__}: {exc}", exc)
-            raise
+            self._end_attempt(request, classify(exc), f"{type(exc).__name__}: {exc}", exc)  # always raises
 
     def _claim_delivery(self, request: Any) -> None:
         """Claim this attempt in the ledger (one round trip); act on a redelivery of a dead attempt."""
@@ -76,9 +73,11 @@ class ComputeTask(Task):
         detail = f"worker {previous.worker} died while running attempt {number}"
         self._end_attempt(request, Reason.WORKER_LOST, detail, WorkerLost(f"task {self.name}[{request.id}]: {detail}"))
 
-    def _end_attempt(self, request: Any, reason: Reason, detail: str, error: BaseException) -> None:
+    def _end_attempt(self, request: Any, reason: Reason, detail: str, error: BaseException) -> NoReturn:
         """Raise what the policy decided: Retry (next attempt published) or the final error."""
         attempt = Attempt.of(self, vars(request), request.delivery_info)
+        if attempt.policy is None:
+            raise error
         outcome: TaskFailed | None = end_attempt(self, request, attempt, reason, detail, request.hostname or "?")
         if isinstance(outcome, AttemptFailed):
             raise Retry(str(outcome), exc=outcome) from error

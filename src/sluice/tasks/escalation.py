@@ -16,7 +16,7 @@ from sluice.compute import Compute
 from sluice.errors import AttemptFailed, MemoryExhausted, RetriesExhausted, TaskFailed
 from sluice.queues.routing import COMPUTE_HEADER
 from sluice.tasks.history import append as append_history
-from sluice.tasks.retry import Reason, attempt_record, decide, describe_attempt, summarize
+from sluice.tasks.retry import Reason, RetryPolicy, attempt_record, decide, describe_attempt, summarize
 
 if TYPE_CHECKING:
     from sluice.tasks.base import ComputeTask
@@ -24,15 +24,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("sluice.escalation")
 
 ATTEMPT_HEADER = "sluice_attempt"
+#: Message header carrying a per-message retry policy (asset steps share one task).
+POLICY_HEADER = "sluice_retry"
 
 
 @dataclass(frozen=True)
 class Attempt:
-    """The attempt a message represents: its number, size and queue."""
+    """The attempt a message represents: its number, size, queue and retry policy."""
 
     number: int
     compute: Compute
     queue: str
+    policy: RetryPolicy | None
 
     @classmethod
     def of(cls, task: ComputeTask, fields: dict[str, Any], delivery_info: dict[str, Any] | None) -> Attempt:
@@ -40,7 +43,9 @@ class Attempt:
         header = fields.get(COMPUTE_HEADER)
         compute = (Compute.from_dict(header).inherit(task.app.default_compute) if header
                    else task.app.effective_compute(task.name))
-        return cls(int(fields.get(ATTEMPT_HEADER) or 1), compute, (delivery_info or {}).get("routing_key") or "?")
+        policy = fields.get(POLICY_HEADER)
+        return cls(int(fields.get(ATTEMPT_HEADER) or 1), compute, (delivery_info or {}).get("routing_key") or "?",
+                   RetryPolicy.from_dict(policy) if policy else task.retry_policy)
 
 
 def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reason, detail: str,
@@ -51,7 +56,7 @@ def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reaso
     :class:`RetriesExhausted`/:class:`MemoryExhausted` when the policy is spent (store it as
     FAILURE), or None when the policy does not retry this reason (fail with the original error).
     """
-    policy = task.retry_policy
+    policy = attempt.policy
     decision = decide(policy, attempt.compute, attempt.number, reason)
     record = attempt_record(attempt.number, attempt.queue, attempt.compute, reason, detail, worker)
     history = append_history(task.app.redis, context.id, record)
@@ -59,6 +64,8 @@ def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reaso
         target = task.app.catalog.route(decision.compute, task.name)
         headers = {**(context.headers or {}), COMPUTE_HEADER: decision.compute.to_dict(),
                    ATTEMPT_HEADER: attempt.number + 1}
+        if policy is not task.retry_policy and policy is not None:
+            headers[POLICY_HEADER] = policy.to_dict()  # a per-message policy travels on
         task.signature_from_request(context, queue=target.name, headers=headers,
                                     countdown=decision.countdown or None).apply_async()
         total = policy.max_attempts if policy else 1

@@ -123,6 +123,21 @@ class RetryPolicy:
     def retries(self, reason: Reason) -> bool:
         return reason in _RETRIED[self.retry_on]
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form, for a policy that travels with a message (asset steps)."""
+        escalate = self.escalate
+        return {"max_retries": self.max_retries, "retry_on": self.retry_on.value,
+                "escalate": None if escalate is None else {"factor": escalate.factor,
+                                                           "max_memory": escalate.max_memory_bytes},
+                "backoff": {"initial": self.backoff.initial, "factor": self.backoff.factor,
+                            "maximum": self.backoff.maximum}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RetryPolicy:
+        escalate = data.get("escalate")
+        return cls(max_retries=data["max_retries"], retry_on=RetryOn(data["retry_on"]),
+                   escalate=ComputeEscalation(**escalate) if escalate else None, backoff=Backoff(**data["backoff"]))
+
     def check(self, compute: Compute, catalog: Catalog, task_name: str) -> None:
         """Declaration-time checks against the task's effective compute and the catalog."""
         if self.escalate is None:

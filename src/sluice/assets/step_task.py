@@ -1,0 +1,38 @@
+"""The task every sluice worker has for asset steps: import the step, load inputs, run, store outputs."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from sluice.assets.definition import Step
+from sluice.assets.executors import _call
+from sluice.assets.store import RedisStore
+from sluice.errors import DefinitionError
+from sluice.tasks.escalation import Attempt
+
+RUN_STEP_TASK = "sluice.assets.run_step"
+
+
+def load_step(ref: str) -> Step:
+    """``module:qualname`` -> the Step object the module defines."""
+    module_name, _, qualname = ref.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    if not isinstance(target, Step):
+        raise DefinitionError(f"{ref} is not an asset step on this worker (is its module the same version here?)")
+    return target
+
+
+def run_step(task: Any, ref: str, run_id: str, inputs: dict[str, list[str]], store_path: str) -> dict[str, Any]:
+    """Bound Celery task body (registered by every sluice App under ``RUN_STEP_TASK``)."""
+    step = load_step(ref)
+    request = task.request
+    attempt = Attempt.of(task, vars(request), request.delivery_info)
+    store = RedisStore(task.app.redis, Path(store_path))
+    values = {param: store.get(run, asset) for param, (run, asset) in inputs.items()}
+    for asset, value in _call(step, run_id, values, attempt.number, attempt.compute).items():
+        store.put(run_id, asset, value)
+    return {"queue": attempt.queue, "worker": request.hostname, "attempt": attempt.number}

@@ -1,0 +1,69 @@
+"""Assets on real workers (Executor.kubernetes): routing per step, escalation, values through Redis."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+import sluice as sl
+from sluice.assets.store import RedisStore
+from sluice.deploy.embedded import EmbeddedRedis
+from tests.apps import reference_assets
+from tests.conftest import Workers
+
+pytestmark = pytest.mark.integration
+FAST = ("-c", "1", "--without-mingle", "--without-gossip")
+
+
+def test_reference_samples_on_the_default_ladder(redis_server: EmbeddedRedis, workers: Workers) -> None:
+    for queue in ("cpu", "highmem"):
+        workers.start("tests.apps.basic", queue, f"{queue}-assets", *FAST)
+    workers.start("tests.apps.basic", "gpu", "gpu-assets", "--allow-no-gpu", *FAST, env={"SLUICE_GPU_COUNT": "0"})
+    executor = sl.Executor.kubernetes(worker_cpu="1", worker_memory="512Mi")
+    result = reference_assets.repository(executor).materialize()
+    assert result.success, {n: a.error for n, a in result.assets.items()}
+    where = {name: asset.where.split()[0] for name, asset in result.assets.items()}
+    assert where == {"skewed_join": "highmem", "big": "highmem", "train": "gpu", "sometimes_bigger": "highmem",
+                     "orders": "highmem", "customers": "highmem", "report": "cpu"}
+    assert result.value("big")["compute"] == {"cpu": "1", "memory": "32Gi"}        # cpu inherited per axis
+    assert result.value("train")["compute"] == {"cpu": "1", "memory": "16Gi", "gpu": 1}
+    assert result.value("report") == "3 orders from 2 customers; join ran as {'cpu': '4', 'memory': '32Gi'}"
+
+
+def test_small_ladder_routes_up_and_escalates_a_memory_kill(redis_server: EmbeddedRedis, workers: Workers) -> None:
+    workers.start("tests.apps.ladder", "small", "ladder-assets", "--queue", "medium", "--queue", "large", "-c", "2",
+                  "--without-mingle", "--without-gossip")
+    ladder_assets = importlib.import_module("tests.apps.ladder_assets")
+    result = ladder_assets.repo.materialize()
+    assert result.success, {n: a.error for n, a in result.assets.items()}
+    assert result.assets["wide"].where == "medium (ladder-assets@test)"
+    assert result.value("wide") == {"total": 45, "compute": {"cpu": "1", "memory": "250Mi"}}
+    hungry = result.assets["hungry"]
+    assert [(a["queue"], a["reason"]) for a in hungry.attempts] == [("small", "memory"), ("medium", "succeeded")]
+    assert result.value("hungry") == {"attempt": 2, "memory": "300Mi", "n": 10}
+    assert result.value("combined") == {"wide": 45, "hungry_attempt": 2}
+    client = redis_server.client()
+    runs = {name: int(client.get(f"test:asset-runs:{result.run_id}:{name}")) for name in result.assets}
+    assert runs == {"source": 1, "wide": 1, "hungry": 2, "combined": 1}
+
+
+def test_large_values_spill_to_the_shared_path(redis_server: EmbeddedRedis, tmp_path: Path) -> None:
+    store = RedisStore(redis_server.client(), tmp_path, inline_limit=1024)
+    store.put("run1", "small", [1, 2])
+    store.put("run1", "large", b"x" * 10_000)
+    assert store.get("run1", "small") == [1, 2] and store.get("run1", "large") == b"x" * 10_000
+    assert [p.name for p in (tmp_path / "run1").iterdir()] == ["large.pickle"]
+    with pytest.raises(KeyError, match="no stored value for asset 'missing'"):
+        store.get("run1", "missing")
+
+
+def test_a_step_defined_in_main_is_refused_before_anything_runs(redis_server: EmbeddedRedis) -> None:
+    def orphan(ctx):
+        return 1
+
+    orphan.__module__ = "__main__"
+    repo = sl.CodeRepository([sl.Asset()(orphan)])
+    with pytest.raises(sl.DefinitionError, match="defined in __main__"):
+        repo.materialize(executor=sl.Executor.kubernetes())
