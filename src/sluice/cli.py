@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import threading
 from typing import Any
@@ -15,6 +16,8 @@ from rich.table import Table
 
 from sluice.app import App
 from sluice.config import Settings, embedded_broker_url
+from sluice.deploy.commands import autoscale, deploy, metrics
+from sluice.queues.catalog import Catalog
 from sluice.errors import BrokerUnavailable, SluiceError
 from sluice.units import format_cpu, format_memory
 from sluice.workers.gpu import gpu_count
@@ -45,6 +48,7 @@ def main() -> None:
       sluice worker -A APP -q C   run a worker for one resource class
       sluice status               queue depth, workers and running tasks per class
       sluice explain -A APP       where each task of an app is routed, and why
+      sluice deploy render        Kubernetes manifests for the catalog
     """
 
 
@@ -127,21 +131,29 @@ def _print_up(cluster: Any) -> None:
     console.print("\nCtrl-C stops everything.")
 
 
+def broker_client(app_name: str | None) -> tuple[redis.Redis, Catalog]:
+    """Redis and the catalog of ``app_name``, or of the configured settings (a running ``sluice up``)."""
+    if app_name:
+        app = load_app(app_name)
+        return app.redis, app.catalog
+    settings = Settings.load()
+    url = settings.broker_url or embedded_broker_url(settings.home)
+    if not url:
+        raise click.ClickException("no broker: set SLUICE_BROKER_URL or start one with `sluice up`")
+    return redis.Redis.from_url(url, socket_timeout=5), settings.catalog
+
+
 @main.command()
 @click.option("-A", "--app", "app_name", default=None, help="App whose catalog to use (default: the configured one).")
 def status(app_name: str | None) -> None:
     """Per resource class: queue depth, workers online, tasks running, slot size."""
     from sluice.queues.status import class_status
 
-    settings = Settings.load()
-    catalog = load_app(app_name).catalog if app_name else settings.catalog
-    url = load_app(app_name).conf.broker_url if app_name else (settings.broker_url or embedded_broker_url(settings.home))
-    if not url:
-        raise click.ClickException("no broker: set SLUICE_BROKER_URL or start one with `sluice up`")
+    client, catalog = broker_client(app_name)
     try:
-        rows = class_status(redis.Redis.from_url(url, socket_timeout=5), catalog)
+        rows = class_status(client, catalog)
     except redis.RedisError as exc:
-        raise click.ClickException(f"cannot read {url}: {exc}") from None
+        raise click.ClickException(f"cannot read the broker: {exc}") from None
     table = Table(title="sluice status")
     for column in ("class", "queued", "workers", "running", "slots", "slot size"):
         table.add_column(column, justify="left" if column in ("class", "slot size") else "right")
@@ -167,6 +179,21 @@ def explain(app_name: str) -> None:
                       app.route(name).name)
     console.print(table)
     console.print("classes, smallest first: " + "; ".join(rc.describe() for rc in app.catalog))
+
+
+@main.command()
+@click.option("--worker", "hostname", required=True,
+              help="The worker's name, as given to -n (%h expands to this machine's hostname).")
+def check(hostname: str) -> None:
+    """Health probe: exit 0 if the worker's heartbeat is fresh; 3 no heartbeat, 4 stale, 5 broker
+    unreachable (2 is a usage error)."""
+    from sluice.workers.health import check_worker
+
+    settings = Settings.load()
+    client, _ = broker_client(None)
+    health, reason = check_worker(client, hostname.replace("%h", socket.gethostname()), settings.heartbeat_interval)
+    click.echo(f"{health.name}: {reason}")
+    sys.exit(int(health))
 
 
 @main.command()
@@ -199,6 +226,11 @@ def demo(timeout: float) -> None:
         console.print(table)
     finally:
         cluster.stop()
+
+
+main.add_command(deploy)
+main.add_command(autoscale)
+main.add_command(metrics)
 
 
 def run() -> None:

@@ -36,3 +36,8 @@ def attempts(task_id: str) -> str:
 def asset_value(run_id: str, asset: str) -> str:
     """Bytes: an asset's pickled value (or a file pointer) for one materialization run."""
     return f"{PREFIX}asset:{run_id}:{asset}"
+
+
+def stat(name: str, resource_class: str) -> str:
+    """Integer counter for metrics: ``escalations`` or ``memory_kills`` of one class."""
+    return f"{PREFIX}stats:{name}:{resource_class}"

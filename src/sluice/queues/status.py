@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import dataclass
 
 import redis
@@ -23,22 +25,41 @@ def queue_depth(client: redis.Redis, queue: str) -> int:
     return sum(pipe.execute())
 
 
+def reserved_by_queue(client: redis.Redis, unacked_key: str = "unacked") -> Counter[str]:
+    """Messages delivered to workers and not yet acknowledged (reserved or running), per queue."""
+    counts: Counter[str] = Counter()
+    for raw in client.hvals(unacked_key):
+        counts[json.loads(raw)[2]] += 1
+    return counts
+
+
 @dataclass(frozen=True)
 class ClassStatus:
+    """One class's load: what waits, what workers hold, who is online and who is busy."""
+
     resource_class: ResourceClass
     queued: int
-    workers: int
+    reserved: int
     running: int
     slots: int
+    busy: tuple[str, ...]   #: hostnames of workers running something
+    idle: tuple[str, ...]   #: hostnames of online workers running nothing
+
+    @property
+    def workers(self) -> int:
+        return len(self.busy) + len(self.idle)
 
 
 def class_status(client: redis.Redis, catalog: Catalog) -> list[ClassStatus]:
     """One row per class, smallest first."""
     beats = read_heartbeats(client)
+    reserved = reserved_by_queue(client)
     rows = []
     for rc in catalog:
         serving = [b for b in beats if rc.name in b.get("classes", ())]
-        rows.append(ClassStatus(rc, queue_depth(client, rc.name), len(serving),
-                                sum(len(b.get("running", ())) for b in serving),
-                                sum(int(b.get("slots", 0)) for b in serving)))
+        rows.append(ClassStatus(
+            rc, queue_depth(client, rc.name), reserved[rc.name], sum(len(b.get("running", ())) for b in serving),
+            sum(int(b.get("slots", 0)) for b in serving),
+            tuple(sorted(b["hostname"] for b in serving if b.get("running"))),
+            tuple(sorted(b["hostname"] for b in serving if not b.get("running")))))
     return rows

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sluice import keys
 from sluice.compute import Compute
 from sluice.errors import AttemptFailed, MemoryExhausted, RetriesExhausted, TaskFailed
 from sluice.queues.routing import COMPUTE_HEADER
@@ -68,6 +69,8 @@ def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reaso
             headers[POLICY_HEADER] = policy.to_dict()  # a per-message policy travels on
         task.signature_from_request(context, queue=target.name, headers=headers,
                                     countdown=decision.countdown or None).apply_async()
+        if decision.compute != attempt.compute:
+            task.app.redis.incr(keys.stat("escalations", attempt.queue))
         total = policy.max_attempts if policy else 1
         line = (f"task {task.name}[{context.id}] {describe_attempt(history[-1])}; retrying at "
                 f"{decision.compute.memory} on {target.name} (attempt {attempt.number + 1} of {total})")

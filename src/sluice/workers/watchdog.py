@@ -168,7 +168,10 @@ class MemoryWatchdog(Periodic):
     def _kill(self, item: Watched, process: psutil.Process, rss: int) -> MemoryKill:
         kill = MemoryKill(item.task_id, item.task, rss, item.limit, item.resource_class, self.hostname, item.pid)
         record: dict[str, Any] = asdict(kill) | {"message": kill.message, "at": time.time()}
-        self.client.set(keys.memory_kill(item.task_id), json.dumps(record), ex=keys.MEMORY_KILL_TTL)
+        pipe = self.client.pipeline()
+        pipe.set(keys.memory_kill(item.task_id), json.dumps(record), ex=keys.MEMORY_KILL_TTL)
+        pipe.incr(keys.stat("memory_kills", item.resource_class))
+        pipe.execute()
         log.warning("%s; sending SIGKILL to pid %d", kill.message, item.pid)
         kill_tree(process)
         self._trees.pop(item.pid, None)

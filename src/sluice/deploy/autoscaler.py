@@ -1,0 +1,107 @@
+"""``sluice autoscale``: the built-in controller for clusters without KEDA.
+
+Per class, each tick: read queued + reserved work and the workers' heartbeats from Redis, compute
+the replicas needed (work / slots, clamped to min/max, zero allowed, never below the busy
+workers), and patch the Deployment's scale subresource. Scaling down never kills a busy worker:
+
+1. every pod is annotated with ``controller.kubernetes.io/pod-deletion-cost`` (busy pods high,
+   the chosen idle ones lowest), so the ReplicaSet removes the chosen pods;
+2. the chosen workers are drained first: their consumers are cancelled, so they take no new work;
+3. only then is the scale patched, and never below the number of busy workers.
+
+Scale-up is immediate but limited to ``max_step_up`` replicas a tick; scale-down waits
+``cooldown`` seconds after any change and removes at most ``max_step_down`` a tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import redis
+from celery.app.control import Control
+from kubernetes import client as k8s
+
+from sluice.deploy.manifests import worker_name
+from sluice.deploy.platform import labels
+from sluice.queues.catalog import Catalog, ResourceClass
+from sluice.queues.status import ClassStatus, class_status
+from sluice.workers.periodic import Periodic
+
+log = logging.getLogger("sluice.autoscaler")
+
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+def replicas_needed(status: ClassStatus, rc: ResourceClass) -> int:
+    """Work over slots, clamped to the class's bounds, never below the busy workers (pure)."""
+    work = status.queued + max(status.reserved, status.running)
+    need = min(max(math.ceil(work / rc.slots), rc.min_replicas), rc.max_replicas)
+    return max(need, len(status.busy))
+
+
+class Autoscaler(Periodic):
+    """One controller for every class of a catalog, in one namespace."""
+
+    def __init__(self, client: redis.Redis, catalog: Catalog, apps: k8s.AppsV1Api, core: k8s.CoreV1Api,
+                 namespace: str, control: Control, interval: float = 5.0, cooldown: float = 60.0,
+                 max_step_up: int = 10, max_step_down: int = 2) -> None:
+        super().__init__("sluice-autoscaler", interval)
+        self.client = client
+        self.catalog = catalog
+        self.apps = apps
+        self.core = core
+        self.namespace = namespace
+        self.control = control
+        self.cooldown = cooldown
+        self.max_step_up = max_step_up
+        self.max_step_down = max_step_down
+        self._last_change: dict[str, float] = {}
+
+    def tick(self) -> dict[str, int]:
+        """Reconcile every class once; returns the replicas each class has afterwards."""
+        rows = {row.resource_class.name: row for row in class_status(self.client, self.catalog)}
+        return {rc.name: self.reconcile(rc, rows[rc.name]) for rc in self.catalog}
+
+    def reconcile(self, rc: ResourceClass, status: ClassStatus) -> int:
+        name = worker_name(rc)
+        current = self.apps.read_namespaced_deployment_scale(name, self.namespace).spec.replicas or 0
+        target = replicas_needed(status, rc)
+        if target > current:
+            return self._scale(rc, current, min(target, current + self.max_step_up), status, "work waiting")
+        if target < current:
+            if time.monotonic() - self._last_change.get(rc.name, -math.inf) < self.cooldown:
+                return current
+            return self._scale_down(rc, current, max(target, current - self.max_step_down), status)
+        return current
+
+    def _scale_down(self, rc: ResourceClass, current: int, target: int, status: ClassStatus) -> int:
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=_selector(labels("worker", rc.name)))
+        by_pod = {host.split("@", 1)[-1]: host for host in (*status.busy, *status.idle)}
+        idle_pods = [p.metadata.name for p in pods.items if by_pod.get(p.metadata.name) in status.idle]
+        unknown = [p.metadata.name for p in pods.items if p.metadata.name not in by_pod]  # starting, no heartbeat yet
+        victims = (unknown + idle_pods)[:current - target]
+        target = current - len(victims)
+        if not victims:
+            return current
+        for pod in pods.items:
+            host = by_pod.get(pod.metadata.name)
+            cost = -1000 if pod.metadata.name in victims else (1000 if host in status.busy else 0)
+            self.core.patch_namespaced_pod(pod.metadata.name, self.namespace,
+                                           {"metadata": {"annotations": {DELETION_COST: str(cost)}}})
+        drained = [by_pod[p] for p in victims if p in by_pod]
+        if drained:
+            self.control.cancel_consumer(rc.name, destination=drained, reply=True, timeout=2.0)
+        return self._scale(rc, current, target, status, f"draining idle {', '.join(victims)}")
+
+    def _scale(self, rc: ResourceClass, current: int, target: int, status: ClassStatus, why: str) -> int:
+        self.apps.patch_namespaced_deployment_scale(worker_name(rc), self.namespace, {"spec": {"replicas": target}})
+        self._last_change[rc.name] = time.monotonic()
+        log.info("class %s: %d -> %d replicas (%s; queued %d, reserved %d, busy workers %d)", rc.name, current,
+                 target, why, status.queued, status.reserved, len(status.busy))
+        return target
+
+
+def _selector(selector: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector.items())

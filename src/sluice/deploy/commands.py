@@ -1,0 +1,138 @@
+"""``sluice deploy render|apply|diff``, ``sluice autoscale`` and ``sluice metrics``."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from sluice.deploy.manifests import Manifest, RenderOptions, render, to_yaml
+
+
+def _kube_api():  # noqa: ANN202 - kubernetes.client.ApiClient
+    """In a pod: the service account; elsewhere: the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def _rendered(app_name: str, namespace: str, image: str, grace: int) -> dict[str, list[Manifest]]:
+    from sluice.cli import load_app
+
+    options = RenderOptions(app=app_name, namespace=namespace, image=image, grace_seconds=grace)
+    return render(load_app(app_name).catalog, options)
+
+
+_render_options = [
+    click.option("-A", "--app", "app_name", default="sluice.demo", show_default=True,
+                 help="Module holding the sluice App: its catalog sizes the workers, and the pods run it."),
+    click.option("--namespace", default="sluice", show_default=True),
+    click.option("--image", default=RenderOptions.image, show_default=True, help="Image with your app installed."),
+    click.option("--grace", default=RenderOptions.grace_seconds, show_default=True,
+                 help="Seconds a worker pod gets to finish running tasks on shutdown (warm shutdown)."),
+]
+
+
+def render_options(command):  # noqa: ANN001, ANN201 - click decorator plumbing
+    for option in reversed(_render_options):
+        command = option(command)
+    return command
+
+
+@click.group()
+def deploy() -> None:
+    """Kubernetes manifests for the catalog: render them, diff them against a cluster, apply them."""
+
+
+@deploy.command("render")
+@render_options
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write sluice.yaml, keda.yaml and autoscaler.yaml here (default: all to stdout).")
+def render_command(app_name: str, namespace: str, image: str, grace: int, out: Path | None) -> None:
+    """Render the Namespace, Redis, Flower, a worker Deployment per class, KEDA ScaledObjects, and
+    the built-in autoscaler (use either keda.yaml or autoscaler.yaml)."""
+    files = _rendered(app_name, namespace, image, grace)
+    if out is None:
+        click.echo(dump([doc for docs in files.values() for doc in docs]), nl=False)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    for name, docs in files.items():
+        (out / name).write_text(to_yaml(docs))
+        click.echo(f"wrote {out / name} ({len(docs)} objects)")
+
+
+@deploy.command("apply")
+@render_options
+@click.option("--keda/--builtin-autoscaler", default=True, show_default=True,
+              help="Scale with KEDA ScaledObjects, or with sluice's own autoscaler Deployment.")
+@click.option("--dry-run", is_flag=True, help="Have the API server validate everything without persisting it.")
+def apply_command(app_name: str, namespace: str, image: str, grace: int, keda: bool, dry_run: bool) -> None:
+    """Create or update every object (server-side apply: running it twice changes nothing)."""
+    from sluice.deploy import kube
+
+    files = _rendered(app_name, namespace, image, grace)
+    docs = files["sluice.yaml"] + (files["keda.yaml"] if keda else files["autoscaler.yaml"])
+    for name, state in kube.apply(_kube_api(), docs, dry_run=dry_run):
+        click.echo(f"{name} {state}")
+
+
+@deploy.command("diff")
+@render_options
+@click.option("--keda/--builtin-autoscaler", default=True, show_default=True)
+def diff_command(app_name: str, namespace: str, image: str, grace: int, keda: bool) -> None:
+    """Show what `apply` would change, as a unified diff per object (exit 1 when there is any)."""
+    from sluice.deploy import kube
+
+    files = _rendered(app_name, namespace, image, grace)
+    text = kube.diff(_kube_api(), files["sluice.yaml"] + (files["keda.yaml"] if keda else files["autoscaler.yaml"]))
+    click.echo(text, nl=False)
+    sys.exit(1 if text else 0)
+
+
+@click.command()
+@click.option("-A", "--app", "app_name", required=True, help="Module holding the sluice App.")
+@click.option("--namespace", default="sluice", show_default=True)
+@click.option("--interval", default=5.0, show_default=True, help="Seconds between reconciliations.")
+@click.option("--cooldown", default=60.0, show_default=True, help="Seconds after a change before scaling down.")
+@click.option("--max-step-up", default=10, show_default=True)
+@click.option("--max-step-down", default=2, show_default=True)
+@click.option("--metrics-port", default=9100, show_default=True, help="Serve Prometheus /metrics here (0: off).")
+def autoscale(app_name: str, namespace: str, interval: float, cooldown: float, max_step_up: int,
+              max_step_down: int, metrics_port: int) -> None:
+    """Scale each class's worker Deployment on its queue, draining idle workers before scaling down
+    (for clusters without KEDA)."""
+    from kubernetes import client
+
+    from sluice.cli import load_app
+    from sluice.deploy.autoscaler import Autoscaler
+    from sluice.deploy.metrics import serve
+
+    app = load_app(app_name)
+    api = _kube_api()
+    if metrics_port:
+        serve(app.redis, app.catalog, metrics_port)
+    Autoscaler(app.redis, app.catalog, client.AppsV1Api(api), client.CoreV1Api(api), namespace, app.control,
+               interval=interval, cooldown=cooldown, max_step_up=max_step_up, max_step_down=max_step_down).run()
+
+
+@click.command()
+@click.option("-A", "--app", "app_name", default=None, help="App whose catalog to report (default: configured).")
+@click.option("--port", default=9100, show_default=True)
+@click.option("--address", default="127.0.0.1", show_default=True)
+def metrics(app_name: str | None, port: int, address: str) -> None:
+    """Serve Prometheus metrics per class (queued, reserved, running, workers, escalations, memory
+    kills) for docker-compose or local use."""
+    from sluice.cli import broker_client
+    from sluice.deploy.metrics import serve
+
+    client, catalog = broker_client(app_name)
+    serve(client, catalog, port, address)
+    click.echo(f"serving http://{address}:{port}/metrics")
+    while True:
+        time.sleep(3600)

@@ -1,0 +1,138 @@
+"""``sluice deploy render``: Kubernetes objects for a catalog of resource classes.
+
+Per class: a worker Deployment whose pods are Guaranteed QoS (requests == limits == slot size x
+slots, ``nvidia.com/gpu`` for gpu classes) and pass the "restricted" Pod Security Standard, and
+a KEDA ScaledObject on the class's Redis list. Around them (see ``platform.py``): the
+Namespace, Redis, Flower and the built-in autoscaler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from sluice.deploy import platform
+from sluice.deploy.platform import labels
+from sluice.queues.catalog import Catalog, ResourceClass
+from sluice.units import format_cpu, format_memory
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """What the rendered objects need beyond the catalog."""
+
+    app: str = "sluice.demo"
+    namespace: str = "sluice"
+    image: str = "ghcr.io/sluice-dev/sluice:0.1.0"
+    grace_seconds: int = 3600
+    redis_storage: str = "8Gi"
+    gpu_tolerations: tuple[dict[str, str], ...] = (
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+    gpu_node_selector: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def broker_env(self) -> list[dict[str, Any]]:
+        """REDIS_PASSWORD from the Secret, then the broker URL built from it (Kubernetes expands it)."""
+        return [
+            {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": platform.REDIS_SECRET,
+                                                                     "key": "password"}}},
+            {"name": "SLUICE_BROKER_URL",
+             "value": f"redis://:$(REDIS_PASSWORD)@{platform.REDIS_NAME}.{self.namespace}.svc:6379/0"},
+            {"name": "SLUICE_HOME", "value": "/tmp/sluice"},
+            {"name": "HOME", "value": "/tmp"},
+        ]
+
+
+def worker_name(rc: ResourceClass) -> str:
+    return f"sluice-worker-{rc.name}"
+
+
+def pod_resources(rc: ResourceClass) -> dict[str, str]:
+    """One pod holds ``slots`` slots: requests == limits (Guaranteed QoS)."""
+    amounts = {"cpu": format_cpu((rc.slot.millicores or 0) * rc.slots),
+               "memory": format_memory((rc.slot.memory_bytes or 0) * rc.slots)}
+    if rc.is_gpu:
+        amounts["nvidia.com/gpu"] = str(rc.slot.gpus * rc.slots)
+    return amounts
+
+
+def worker_deployment(rc: ResourceClass, options: RenderOptions) -> Manifest:
+    amounts = pod_resources(rc)
+    probe = {"exec": {"command": ["sluice", "check", "--worker", f"{rc.name}@%h"]},
+             "periodSeconds": 15, "timeoutSeconds": 10, "failureThreshold": 4}
+    pod: Manifest = {
+        "serviceAccountName": "default",
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": options.grace_seconds,
+        "securityContext": platform.POD_SECURITY,
+        "containers": [{
+            "name": "worker",
+            "image": options.image,
+            # %h is the pod's hostname (its name): the autoscaler maps worker -> pod with it
+            "args": ["sluice", "worker", "-A", options.app, "--queue", rc.name, "-n", f"{rc.name}@%h", "-E",
+                     "--loglevel", "INFO"],
+            "env": options.broker_env,
+            "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+            "readinessProbe": probe | {"initialDelaySeconds": 5},
+            "livenessProbe": probe | {"initialDelaySeconds": 30},
+            "securityContext": platform.CONTAINER_SECURITY,
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        }],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if rc.is_gpu:
+        pod["tolerations"] = [dict(t) for t in options.gpu_tolerations]
+        if options.gpu_node_selector:
+            pod["nodeSelector"] = dict(options.gpu_node_selector)
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": worker_name(rc), "namespace": options.namespace, "labels": labels("worker", rc.name)},
+        "spec": {
+            "replicas": rc.min_replicas,
+            "selector": {"matchLabels": labels("worker", rc.name)},
+            "template": {"metadata": {"labels": labels("worker", rc.name)}, "spec": pod},
+        },
+    }
+
+
+def scaled_object(rc: ResourceClass, options: RenderOptions) -> Manifest:
+    """KEDA scales the class's Deployment on its queue: one replica per ``slots`` queued messages."""
+    return {
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "metadata": {"name": worker_name(rc), "namespace": options.namespace, "labels": labels("worker", rc.name)},
+        "spec": {
+            "scaleTargetRef": {"name": worker_name(rc)},
+            "minReplicaCount": rc.min_replicas,
+            "maxReplicaCount": rc.max_replicas,
+            "cooldownPeriod": 300,
+            "triggers": [{
+                "type": "redis",
+                "metadata": {"address": f"{platform.REDIS_NAME}.{options.namespace}.svc:6379", "listName": rc.name,
+                             "listLength": str(rc.slots), "databaseIndex": "0"},
+                "authenticationRef": {"name": platform.REDIS_AUTH},
+            }],
+        },
+    }
+
+
+def render(catalog: Catalog, options: RenderOptions) -> dict[str, list[Manifest]]:
+    """Objects grouped by file: the core topology, KEDA scaling, and the built-in autoscaler."""
+    core = [platform.namespace(options), *platform.redis(options), *platform.flower(options),
+            *(worker_deployment(rc, options) for rc in catalog)]
+    keda = [platform.trigger_authentication(options), *(scaled_object(rc, options) for rc in catalog)]
+    return {"sluice.yaml": core, "keda.yaml": keda, "autoscaler.yaml": platform.autoscaler(options)}
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Kubernetes YAML without anchors: objects share sub-dicts in memory, not in the files."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(docs: list[Manifest], sort_keys: bool = False) -> str:
+    return yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=sort_keys, width=120)

@@ -1,0 +1,57 @@
+"""Prometheus metrics per resource class, read from Redis at scrape time.
+
+Flower's ``/metrics`` has task events but no queue depth; autoscaling and alerting need both.
+Served by ``sluice autoscale`` and by ``sluice metrics`` (compose / local use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import redis
+from prometheus_client import start_http_server
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sluice import keys
+from sluice.queues.catalog import Catalog
+from sluice.queues.status import class_status
+
+
+class ClassMetrics(Collector):
+    """``sluice_queued``, ``sluice_reserved``, ``sluice_running``, ``sluice_workers_online``,
+    ``sluice_slots``, ``sluice_escalations_total`` and ``sluice_memory_kills_total``, by class."""
+
+    def __init__(self, client: redis.Redis, catalog: Catalog) -> None:
+        self.client = client
+        self.catalog = catalog
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        gauges = {name: GaugeMetricFamily(f"sluice_{name}", help_text, labels=["resource_class"]) for name, help_text in (
+            ("queued", "Messages waiting in the class's queue"),
+            ("reserved", "Messages held by workers, not yet acknowledged"),
+            ("running", "Tasks running on the class's workers"),
+            ("workers_online", "Workers serving the class with a live heartbeat"),
+            ("slots", "Task slots of the class's online workers"))}
+        counters = {name: CounterMetricFamily(f"sluice_{name}", help_text, labels=["resource_class"]) for name, help_text in (
+            ("escalations", "Attempts re-published at a bigger size after dying on this class"),
+            ("memory_kills", "Tasks the watchdog killed for memory on this class"))}
+        rows = class_status(self.client, self.catalog)
+        totals = self.client.mget([keys.stat(n, r.resource_class.name) for r in rows for n in counters])
+        for index, row in enumerate(rows):
+            name = row.resource_class.name
+            for gauge, value in (("queued", row.queued), ("reserved", row.reserved), ("running", row.running),
+                                 ("workers_online", row.workers), ("slots", row.slots)):
+                gauges[gauge].add_metric([name], value)
+            for offset, counter in enumerate(counters.values()):
+                counter.add_metric([name], int(totals[index * len(counters) + offset] or 0))
+        yield from gauges.values()
+        yield from counters.values()
+
+
+def serve(client: redis.Redis, catalog: Catalog, port: int, address: str = "0.0.0.0") -> CollectorRegistry:
+    """Serve ``/metrics`` on ``port`` from a background thread; returns the registry."""
+    registry = CollectorRegistry()
+    registry.register(ClassMetrics(client, catalog))
+    start_http_server(port, addr=address, registry=registry)
+    return registry

@@ -1,0 +1,161 @@
+"""Rendered Kubernetes objects: valid, Guaranteed QoS, restricted, secrets referenced, in sync
+with deploy/; and apply/diff through the kubernetes client against the HTTP fake."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from sluice.config import Settings
+from sluice.deploy.manifests import RenderOptions, render
+from sluice.units import parse_cpu, parse_memory
+from tests.conftest import ROOT
+from tests.kube_fake import FakeKube
+
+KEDA = Path(os.environ.get("SLUICE_KEDA_SCHEMAS", ROOT.parent / "shared" / "schemas" / "keda"))
+CATALOG = Settings.load(cwd=ROOT, env={}).catalog
+FILES = render(CATALOG, RenderOptions())
+DOCS = [doc for docs in FILES.values() for doc in docs]
+
+
+def _id(doc: dict[str, Any]) -> str:
+    return f"{doc['kind']}/{doc['metadata']['name']}"
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if not d["apiVersion"].startswith("keda.sh")], ids=_id)
+@pytest.mark.parametrize("version", ["1.31.0", "1.37.0"])
+def test_builtin_objects_validate(doc: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+def _strict(schema: Any) -> Any:
+    """Reject unknown fields where the CRD lists the fields (the API server would prune them)."""
+    if isinstance(schema, dict):
+        schema = {k: _strict(v) for k, v in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema \
+                and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    return schema
+
+
+def _crd_schema(kind: str) -> dict[str, Any]:
+    file = {"ScaledObject": "keda.sh_scaledobjects.yaml", "TriggerAuthentication": "keda.sh_triggerauthentications.yaml"}
+    crd = yaml.safe_load((KEDA / file[kind]).read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")
+    schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
+    schema["properties"]["metadata"] = {"type": "object"}
+    return _strict(schema)
+
+
+@pytest.mark.parametrize("doc", FILES["keda.yaml"], ids=_id)
+def test_keda_objects_validate_against_kedas_crds(doc: dict[str, Any]) -> None:
+    jsonschema.validate(doc, _crd_schema(doc["kind"]))
+
+
+def test_strict_crd_validation_catches_a_typo() -> None:
+    bad = copy.deepcopy(FILES["keda.yaml"][1])
+    bad["spec"]["maxReplicas"] = 3
+    with pytest.raises(jsonschema.ValidationError, match="maxReplicas"):
+        jsonschema.validate(bad, _crd_schema("ScaledObject"))
+
+
+def _workers() -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["labels"]["sluice.dev/class"]: d for d in FILES["sluice.yaml"]
+            if d["kind"] == "Deployment" and d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"}
+
+
+def test_worker_pods_are_guaranteed_qos_sized_by_slots() -> None:
+    workers = _workers()
+    assert sorted(workers) == sorted(CATALOG.names)
+    for rc in CATALOG:
+        container = workers[rc.name]["spec"]["template"]["spec"]["containers"][0]
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        assert requests == limits
+        assert parse_cpu(requests["cpu"]) == rc.slot.millicores * rc.slots
+        assert parse_memory(requests["memory"]) == rc.slot.memory_bytes * rc.slots
+        assert ("nvidia.com/gpu" in limits) == rc.is_gpu
+        tolerations = workers[rc.name]["spec"]["template"]["spec"].get("tolerations", [])
+        assert (tolerations != []) == rc.is_gpu
+        assert container["args"][container["args"].index("--queue") + 1] == rc.name
+
+
+def test_every_pod_passes_the_restricted_profile() -> None:
+    pods = [d["spec"]["template"]["spec"] for d in DOCS if d["kind"] in ("Deployment", "StatefulSet")]
+    assert len(pods) == len(CATALOG) + 3      # workers, redis, flower, autoscaler
+    for pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            sc = container["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    namespace = next(d for d in DOCS if d["kind"] == "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_secrets_are_referenced_never_rendered() -> None:
+    assert not [d for d in DOCS if d["kind"] == "Secret"]
+    text = yaml.safe_dump_all(DOCS)
+    assert "secretKeyRef" in text
+    redis = next(d for d in DOCS if d["kind"] == "StatefulSet")
+    env = redis["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env[0]["valueFrom"]["secretKeyRef"] == {"name": "sluice-redis", "key": "password"}
+    args = redis["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction" and args[args.index("--appendonly") + 1] == "yes"
+    flower = next(d for d in DOCS if d["metadata"]["name"] == "sluice-flower" and d["kind"] == "Deployment")
+    assert flower["spec"]["template"]["spec"]["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]["name"] == \
+        "sluice-flower"
+    auth = FILES["keda.yaml"][0]
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "sluice-redis", "key": "password"}]
+
+
+def test_scaled_objects_follow_the_catalog() -> None:
+    for rc, so in zip(CATALOG, FILES["keda.yaml"][1:]):
+        assert so["spec"]["scaleTargetRef"]["name"] == f"sluice-worker-{rc.name}"
+        assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (rc.min_replicas, rc.max_replicas)
+        assert so["spec"]["triggers"][0]["metadata"]["listName"] == rc.name
+
+
+def test_checked_in_manifests_match_what_the_code_renders(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "sluice", "deploy", "render", "--out", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    for name in FILES:
+        assert (ROOT / "deploy" / name).read_text() == (tmp_path / name).read_text(), \
+            f"deploy/{name} drifted: run `sluice deploy render --out deploy`"
+
+
+def test_apply_is_idempotent_and_diff_shows_changes(tmp_path: Path) -> None:
+    with FakeKube() as fake:
+        env = os.environ | {"KUBECONFIG": str(fake.kubeconfig(tmp_path / "kubeconfig")), "PYTHONPATH": str(ROOT)}
+
+        def sluice(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "sluice", "deploy", *args], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=60)
+
+        dry = sluice("apply", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert "Deployment/sluice-worker-cpu created (dry run)" in dry.stdout and fake.objects == {}
+        first = sluice("apply")
+        assert first.stdout.count(" created") == len(FILES["sluice.yaml"]) + len(FILES["keda.yaml"])
+        assert "/apis/keda.sh/v1alpha1/namespaces/sluice/scaledobjects/sluice-worker-gpu" in fake.objects
+        second = sluice("apply")
+        assert second.stdout.count(" unchanged") == len(FILES["sluice.yaml"]) + len(FILES["keda.yaml"])
+        assert sluice("diff").returncode == 0
+        changed = sluice("diff", "--image", "example/sluice:2")
+        assert changed.returncode == 1
+        assert "-        image: ghcr.io/sluice-dev/sluice:0.1.0" in changed.stdout
+        assert "+        image: example/sluice:2" in changed.stdout
