@@ -58,12 +58,13 @@ class Workers:
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self, app: str, queue: str, name: str, *extra: str, plain_celery: bool = False,
-              env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen[bytes]:
+              env: dict[str, str] | None = None, wait: bool = True, hostname: str | None = None
+              ) -> subprocess.Popen[bytes]:
         if plain_celery:
             args = ["-m", "celery", "-A", app, "worker", "-Q", queue]
         else:
             args = ["-m", "sluice", "worker", "-A", app, "--queue", queue]
-        hostname = f"{name}@test"
+        hostname = hostname or f"{name}@test"
         log = open(self.log_dir / f"{name}.log", "ab")
         process = subprocess.Popen(
             [sys.executable, *args, "-n", hostname, "--loglevel", "INFO", *extra],

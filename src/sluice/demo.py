@@ -36,3 +36,14 @@ def train(self: Any, epochs: int) -> dict[str, Any]:
 
 
 SUBMISSIONS = ((word_count, ("the quick brown fox jumps",)), (join_tables, (1_000_000,)), (train, (3,)))
+
+
+def main() -> None:
+    """``python -m sluice.demo``: submit the three tasks to the configured broker, print where they ran."""
+    for task, args in SUBMISSIONS:
+        out = task.delay(*args).get(timeout=300)
+        print(f"{task.name}: {out['value']} (queue {out['queue']}, worker {out['worker']})")
+
+
+if __name__ == "__main__":
+    main()

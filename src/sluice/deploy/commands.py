@@ -67,6 +67,24 @@ def render_command(app_name: str, namespace: str, image: str, grace: int, out: P
         click.echo(f"wrote {out / name} ({len(docs)} objects)")
 
 
+@deploy.command("compose")
+@render_options
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the file here (default: stdout).")
+def compose_command(app_name: str, namespace: str, image: str, grace: int, out: Path | None) -> None:
+    """Render docker-compose.yml: the same topology for development (gpu workers in the gpu profile)."""
+    from sluice.cli import load_app
+    from sluice.deploy.compose import render_compose
+
+    options = RenderOptions(app=app_name, namespace=namespace, image=image, grace_seconds=grace)
+    text = to_yaml([render_compose(load_app(app_name).catalog, options)])
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        out.write_text(text)
+        click.echo(f"wrote {out}")
+
+
 @deploy.command("apply")
 @render_options
 @click.option("--keda/--builtin-autoscaler", default=True, show_default=True,

@@ -28,6 +28,7 @@ class RenderOptions:
     app: str = "sluice.demo"
     namespace: str = "sluice"
     image: str = "ghcr.io/sluice-dev/sluice:0.1.0"
+    #: The longest a task may run (its hard time limit); pods get a minute more to shut down warm.
     grace_seconds: int = 3600
     redis_storage: str = "8Gi"
     gpu_tolerations: tuple[dict[str, str], ...] = (
@@ -67,14 +68,14 @@ def worker_deployment(rc: ResourceClass, options: RenderOptions) -> Manifest:
     pod: Manifest = {
         "serviceAccountName": "default",
         "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": options.grace_seconds,
+        "terminationGracePeriodSeconds": options.grace_seconds + 60,
         "securityContext": platform.POD_SECURITY,
         "containers": [{
             "name": "worker",
             "image": options.image,
             # %h is the pod's hostname (its name): the autoscaler maps worker -> pod with it
             "args": ["sluice", "worker", "-A", options.app, "--queue", rc.name, "-n", f"{rc.name}@%h", "-E",
-                     "--loglevel", "INFO"],
+                     "--time-limit", str(options.grace_seconds), "--loglevel", "INFO"],
             "env": options.broker_env,
             "resources": {"requests": dict(amounts), "limits": dict(amounts)},
             "readinessProbe": probe | {"initialDelaySeconds": 5},

@@ -1,0 +1,92 @@
+"""The built-in autoscaler with real Redis and real workers; the kubernetes client talks to the
+HTTP fake of the Deployment, scale and pod endpoints (no API server runs here)."""
+
+from __future__ import annotations
+
+import importlib
+import urllib.request
+from datetime import timezone
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from sluice.deploy.autoscaler import DELETION_COST, Autoscaler
+from sluice.deploy.embedded import EmbeddedRedis, free_port
+from sluice.deploy.metrics import serve
+from sluice.deploy.platform import labels
+from sluice.queues.status import class_status
+from tests.conftest import Workers, wait_for
+from tests.kube_fake import FakeKube
+
+pytestmark = pytest.mark.integration
+DEPLOYMENT = "/apis/apps/v1/namespaces/t/deployments/sluice-worker-batch"
+FAST = {"SLUICE_HEARTBEAT_INTERVAL": "0.2"}
+
+
+def _status(app, client):  # noqa: ANN001, ANN202
+    return class_status(client, app.catalog)[0]
+
+
+def test_scales_up_to_the_bound_then_drains_idle_workers_and_reaches_zero_after_the_busy_one(
+        redis_server: EmbeddedRedis, tmp_path: Path) -> None:
+    scaling = importlib.import_module("tests.apps.scaling")
+    client = redis_server.client()
+    client.flushdb()
+    with FakeKube() as fake:
+        fake.add_deployment("t", "sluice-worker-batch", 0)
+        api = k8s.ApiClient(k8s.Configuration(host=fake.url))
+        scaler = Autoscaler(client, scaling.app.catalog, k8s.AppsV1Api(api), k8s.CoreV1Api(api), "t",
+                            scaling.app.control, cooldown=0)
+
+        quick = [scaling.work.delay(0.01) for _ in range(49)]
+        long = scaling.work.delay(6.0)
+        assert scaler.tick() == {"batch": 3}                      # 50 queued, 1 slot each, max 3
+
+        pool = Workers(client, tmp_path)
+        try:
+            for pod in ("pod-a", "pod-b", "pod-c"):
+                fake.add_pod("t", pod, labels("worker", "batch"))
+            for pod in ("pod-a", "pod-b"):                          # pod-c is still starting: no worker yet
+                pool.start("tests.apps.scaling", "batch", pod, "--without-mingle", "--without-gossip", env=FAST,
+                           wait=False, hostname=f"batch@{pod}")
+            for result in quick:
+                result.get(timeout=60)
+            status = wait_for(lambda: (s := _status(scaling.app, client)).queued == 0 and len(s.busy) == 1 and s,
+                              30, "only the long task to be running")
+            busy_host = status.busy[0]
+            busy_pod, idle_pod = busy_host.split("@")[1], status.idle[0].split("@")[1]
+
+            assert scaler.tick() == {"batch": 1}                  # never below the busy worker
+            costs = {p: fake.objects[f"/api/v1/namespaces/t/pods/{p}"]["metadata"]["annotations"][DELETION_COST]
+                     for p in ("pod-a", "pod-b", "pod-c")}
+            assert costs == {busy_pod: "1000", idle_pod: "-1000", "pod-c": "-1000"}
+            queues = scaling.app.control.inspect(destination=[status.idle[0]], timeout=2).active_queues()
+            assert queues == {status.idle[0]: []}                 # drained: it takes no new work
+            assert scaler.tick() == {"batch": 1}                  # still busy: hold
+
+            long.get(timeout=60)
+            done = long.date_done
+            finished = (done if done.tzinfo else done.replace(tzinfo=timezone.utc)).timestamp()
+            wait_for(lambda: not _status(scaling.app, client).busy, 30, "the busy worker to report idle")
+            assert scaler.tick() == {"batch": 0}
+        finally:
+            pool.stop_all()
+        assert [replicas for _, path, replicas in fake.scales if path == DEPLOYMENT] == [3, 1, 0]
+        assert fake.scales[-1][0] >= finished          # zero only after the busy worker finished
+
+
+def test_metrics_per_class(redis_server: EmbeddedRedis) -> None:
+    scaling = importlib.import_module("tests.apps.scaling")
+    client = redis_server.client()
+    client.flushdb()
+    for _ in range(3):
+        scaling.work.delay(0)
+    client.set("sluice:stats:memory_kills:batch", 2)
+    port = free_port()
+    serve(client, scaling.app.catalog, port, "127.0.0.1")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'sluice_queued{resource_class="batch"} 3.0' in text
+    assert 'sluice_workers_online{resource_class="batch"} 0.0' in text
+    assert 'sluice_memory_kills_total{resource_class="batch"} 2.0' in text
+    assert 'sluice_escalations_total{resource_class="batch"} 0.0' in text
