@@ -45,3 +45,20 @@ def test_bad_config_is_one_clear_line() -> None:
     assert result.returncode == 2
     assert "memory 'lots' is not a quantity" in result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_check_exit_codes(redis_server: object) -> None:
+    import json
+    import time
+
+    from sluice import keys
+
+    client = redis_server.client()  # type: ignore[attr-defined]
+    assert sluice("check", "--worker", "ghost@nowhere").returncode == 3
+    client.set(keys.worker_heartbeat("old@host"), json.dumps({"ts": time.time() - 600}))
+    stale = sluice("check", "--worker", "old@host")
+    assert stale.returncode == 4 and "STALE_HEARTBEAT" in stale.stdout
+    client.set(keys.worker_heartbeat("fresh@host"), json.dumps({"ts": time.time()}))
+    assert sluice("check", "--worker", "fresh@host").returncode == 0
+    down = sluice("check", "--worker", "fresh@host", SLUICE_BROKER_URL="redis://127.0.0.1:1/0")
+    assert down.returncode == 5 and "BROKER_DOWN" in down.stdout

@@ -67,3 +67,24 @@ def test_a_live_workers_long_task_is_left_alone(redis_server: EmbeddedRedis, tmp
         assert client.lrange(f"test:runs:{result.id}", 0, -1) == [b"small"]
     finally:
         pool.stop_all()
+
+
+def test_without_a_policy_a_dead_workers_task_fails_once_instead_of_looping(redis_server: EmbeddedRedis,
+                                                                            tmp_path: Path) -> None:
+    import importlib
+
+    ladder = importlib.import_module("tests.apps.ladder")
+    client: redis.Redis = redis_server.client()
+    pool = Workers(client, tmp_path)
+    try:
+        worker = pool.start("tests.apps.ladder", "small", "victim2", *ARGS, env=FAST_RECOVERY)
+        result = ladder.unguarded_step.delay(30.0)
+        wait_for(lambda: client.exists(f"test:running:{result.id}:1"), 60, "the task to start")
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+        pool.start("tests.apps.ladder", "small", "victim2", *ARGS, env=FAST_RECOVERY, wait=False)
+        with pytest.raises(sluice.WorkerLost, match="worker victim2@test died while running attempt 1"):
+            result.get(timeout=60)
+        assert client.lrange(f"test:runs:{result.id}", 0, -1) == [b"small"]   # never run again
+    finally:
+        pool.stop_all()

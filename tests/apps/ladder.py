@@ -90,3 +90,11 @@ def long_step(self: Any, seconds: float) -> dict[str, Any]:
 def no_policy_hog(self: Any) -> None:
     _attempt(self)
     _hold(300, 5.0)
+
+
+@app.task(bind=True)
+def unguarded_step(self: Any, seconds: float) -> None:
+    """No retry policy: if its worker dies mid-task, the redelivery ends it failed, once."""
+    where = _attempt(self)
+    app.redis.set(f"test:running:{self.request.id}:{where['attempt']}", time.time())
+    time.sleep(seconds)
