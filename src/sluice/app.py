@@ -12,6 +12,7 @@ import redis
 from celery import Celery
 
 from sluice.assets.step_task import RUN_STEP_TASK, run_step
+from sluice.client.chunk_task import RUN_CHUNK_TASK, run_chunk
 from sluice.compute import Compute
 from sluice.config import Settings, embedded_broker_url
 from sluice.errors import ConfigurationError
@@ -77,6 +78,7 @@ class App(Celery):
         self.conf.task_routes = (ComputeRouter(self),)
         self.steps["worker"].add(SluiceWorkerStep)
         self.task(name=RUN_STEP_TASK, bind=True, shared=False)(run_step)
+        self.task(name=RUN_CHUNK_TASK, bind=True, shared=False)(run_chunk)
         self.user_options["worker"].add(click.Option(
             ["--allow-no-gpu"], is_flag=True, default=False,
             help="Let this worker consume gpu classes on a machine without a GPU (development only)."))

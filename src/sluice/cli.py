@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sluice.app import App
+from sluice.client.compute_cli import compute
 from sluice.config import Settings, embedded_broker_url
 from sluice.deploy.commands import autoscale, deploy, metrics
 from sluice.queues.catalog import Catalog
@@ -48,6 +49,7 @@ def main() -> None:
       sluice worker -A APP -q C   run a worker for one resource class
       sluice status               queue depth, workers and running tasks per class
       sluice explain -A APP       where each task of an app is routed, and why
+      sluice compute task.py -w 4 run plan()/execute() over workers with a durable sink
       sluice deploy render        Kubernetes manifests for the catalog
     """
 
@@ -228,6 +230,7 @@ def demo(timeout: float) -> None:
         cluster.stop()
 
 
+main.add_command(compute)
 main.add_command(deploy)
 main.add_command(autoscale)
 main.add_command(metrics)

@@ -41,3 +41,10 @@ def asset_value(run_id: str, asset: str) -> str:
 def stat(name: str, resource_class: str) -> str:
     """Integer counter for metrics: ``escalations`` or ``memory_kills`` of one class."""
     return f"{PREFIX}stats:{name}:{resource_class}"
+
+
+def run(run_id: str, part: str) -> str:
+    """A batch run's keys: ``skip`` (set: ids dispatched), ``results`` (hash: id -> record, the
+    result cache), ``ready`` (list: ids whose record is new), ``source`` (hash: the task file),
+    ``cancel`` (string: set on Ctrl-C)."""
+    return f"{PREFIX}run:{run_id}:{part}"

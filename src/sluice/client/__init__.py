@@ -1,0 +1,1 @@
+"""Client-side pieces: batch runs over a task file (``sluice compute``)."""

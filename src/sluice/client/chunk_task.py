@@ -1,0 +1,79 @@
+"""The worker side of a batch run: execute a chunk of items, caching each record in Redis.
+
+Records reach Redis before the chunk's message is acknowledged (flushed at least every 50 ms,
+so a slow item's result is durable as soon as it ends). A retried or redelivered chunk skips
+items whose records are already cached: nothing computed is computed again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from typing import Any
+
+from sluice import keys
+from sluice.client.taskfile import TaskFile
+from sluice.tasks.escalation import ATTEMPT_HEADER
+
+RUN_CHUNK_TASK = "sluice.compute.run_chunk"
+FLUSH_SECONDS = 0.05
+_task_files: dict[str, TaskFile] = {}
+
+
+def task_file(client: Any, run_id: str) -> TaskFile:
+    """The run's task file, built from the source the driver stored in Redis (cached per process)."""
+    loaded = _task_files.get(run_id)
+    if loaded is None:
+        stored = client.hgetall(keys.run(run_id, "source"))
+        loaded = _task_files[run_id] = TaskFile.from_source(
+            stored[b"filename"].decode(), stored[b"source"].decode(), json.loads(stored[b"argv"]))
+    return loaded
+
+
+def _record(task_file: TaskFile, item: dict[str, Any], worker: str, attempt: int) -> tuple[str, str]:
+    """(id, the sink line): a ready line, or a failure line (the ones with a "status")."""
+    started = time.time()
+    try:
+        result = task_file.execute(item)
+        return item["id"], json.dumps({"id": item["id"], "result": result, "worker": worker, "attempts": attempt,
+                                       "started": started, "seconds": round(time.time() - started, 6)})
+    except Exception as exc:  # a business failure (or a result JSON cannot hold): recorded, never retried
+        return item["id"], json.dumps({"id": item["id"], "status": "failed", "error": type(exc).__name__,
+                                       "message": str(exc), "traceback": traceback.format_exc(),
+                                       "worker": worker, "attempts": attempt}, default=str)
+
+
+def run_chunk(task: Any, run_id: str, items: list[dict[str, Any]]) -> int:
+    """Bound Celery task body (every sluice App registers it under ``RUN_CHUNK_TASK``)."""
+    client = task.app.redis
+    loaded = task_file(client, run_id)
+    worker = task.request.hostname or "?"
+    attempt = int(getattr(task.request, ATTEMPT_HEADER, None) or 1)
+    cached = client.hmget(keys.run(run_id, "results"), [item["id"] for item in items])
+    pending: list[tuple[str, str]] = []
+    last_flush = time.monotonic()
+    for item, done in zip(items, cached):
+        if done is not None:
+            continue
+        pending.append(_record(loaded, item, worker, attempt))
+        if time.monotonic() - last_flush >= FLUSH_SECONDS:
+            if _flush(client, run_id, pending):
+                break  # Ctrl-C on the driver: leave the rest unstarted (the driver records them cancelled)
+            last_flush = time.monotonic()
+    _flush(client, run_id, pending)
+    return len(items)
+
+
+def _flush(client: Any, run_id: str, records: list[tuple[str, str]]) -> bool:
+    """Write records to the result cache, then hand them to the driver; returns whether the run
+    was cancelled. The cache is the durable copy; the ``ready`` list carries the same lines."""
+    pipe = client.pipeline(transaction=False)
+    if records:
+        pipe.hset(keys.run(run_id, "results"), mapping=dict(records))
+        pipe.rpush(keys.run(run_id, "ready"), *[line for _, line in records])
+    pipe.exists(keys.run(run_id, "cancel"))
+    cancelled = bool(pipe.execute()[-1])
+    records.clear()
+    return cancelled
+

@@ -1,0 +1,160 @@
+"""``sluice compute task.py``: run plan()/execute() over workers with a durable sink."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import uuid
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from sluice.app import App
+from sluice.client.driver import EXIT_INTERRUPTED, Driver, RunSettings
+from sluice.client.local_workers import LocalWorkers
+from sluice.client.observe import Observer
+from sluice.client.sink import Sink
+from sluice.client.taskfile import TaskFile
+from sluice.config import Settings
+from sluice.deploy.embedded import EmbeddedRedis
+
+console = Console(stderr=True)
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.argument("task_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("task_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--check", "check_items", is_flag=False, flag_value=3, type=int, default=None,
+              help="Run plan() and execute() in this process on the first N items (default 3); no broker needed.")
+@click.option("-w", "--workers", type=int, default=None, help="Start N local workers on a run-private queue.")
+@click.option("--per-worker", type=int, default=1, show_default=True, help="Concurrent slots per local worker.")
+@click.option("--python", "python", default=sys.executable, show_default="this Python",
+              help="Interpreter for local workers (it must have sluice installed).")
+@click.option("--retries", type=int, default=0, show_default=True,
+              help="Infrastructure retries (worker lost, killed); business failures are never retried.")
+@click.option("--results", "results_mode", type=click.Choice(["ndjson", "summary", "quiet"]), default="summary",
+              show_default=True, help="ndjson: every record on stdout as it lands; summary: counts at the end.")
+@click.option("--sink", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for ready.ndjson, failures.ndjson and checkpoint.json (durable results).")
+@click.option("--resume", is_flag=True, help="Skip ids already in the sink (ready, and failed ones).")
+@click.option("--rerun-failed", is_flag=True, help="With --resume: run the ids recorded as failed again.")
+@click.option("--observe", is_flag=True, help="Show live progress (a plain line per interval when not a terminal).")
+@click.option("--broker", default=None, help="Redis URL (default: SLUICE_BROKER_URL, else an embedded Redis).")
+@click.option("--run-id", default=None, help="Name of the run (default: derived from --sink, so --resume finds it).")
+@click.option("--quarantine-after", type=int, default=3, show_default=True,
+              help="Stop sending items to a worker after this many infrastructure failures on it.")
+def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None, workers: int | None,
+            per_worker: int, python: str, retries: int, results_mode: str, sink: Path | None, resume: bool,
+            rerun_failed: bool, observe: bool, broker: str | None, run_id: str | None, quarantine_after: int) -> None:
+    """Run TASK_FILE's plan() items through execute() on workers. Arguments after `--` go to the
+    file's own argparse, exactly as `python TASK_FILE ...` would get them.
+
+    \b
+      sluice compute task.py --check -- --n 2
+      sluice compute task.py -w 4 --sink /tmp/run1 -- --n 1000
+      sluice compute task.py -w 4 --sink /tmp/run1 --resume --observe -- --n 1000
+
+    Exit codes: 0 every item succeeded, 1 some failed, 130 interrupted (Ctrl-C), 2 usage.
+    """
+    tf = TaskFile.load(task_file, list(task_args))
+    if check_items is not None:
+        for item in islice(tf.plan(), check_items):
+            click.echo(json.dumps({"id": item["id"], "result": tf.execute(item)}, default=str))
+        return
+    settings = Settings.load()
+    url = broker or settings.broker_url
+    if url is None and workers is None:
+        workers = 1
+    if run_id is None:
+        run_id = hashlib.sha1(str(sink.resolve()).encode()).hexdigest()[:16] if sink else uuid.uuid4().hex[:16]
+    sink_dir = sink or settings.home / "runs" / run_id
+    if sink and not resume and any((sink_dir / n).exists() for n in ("ready.ndjson", "failures.ndjson")):
+        raise click.UsageError(f"{sink_dir} already holds results: pass --resume to continue that run, or use a "
+                               "fresh --sink directory")
+    embedded = EmbeddedRedis(settings.home / "compute-redis") if url is None else None
+    if embedded is not None:
+        url = embedded.start().url
+    try:
+        code = _run(tf, url, run_id, sink_dir, workers, per_worker, python, retries, results_mode, resume,
+                    rerun_failed, observe, quarantine_after, settings)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    sys.exit(code)
+
+
+def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, workers: int | None, per_worker: int, python: str,
+         retries: int, results_mode: str, resume: bool, rerun_failed: bool, observe: bool, quarantine_after: int,
+         settings: Settings) -> int:
+    app = App("sluice.compute", broker=url)
+    app.conf.task_send_sent_event = False  # one event per chunk would double the driver's publishing    compute_ = (tf.compute or app.default_compute).inherit(app.default_compute)
+    queue = f"sluice.run.{run_id}" if workers else app.catalog.route(compute_, tf.filename).name
+    store = Sink(sink_dir).open()
+    if store.repaired:
+        console.print(f"repaired a torn last line in {', '.join(store.repaired)}")
+    done = store.done_ids(rerun_failed) if resume else set()
+    local = (LocalWorkers(workers, per_worker, queue, run_id, python, sink_dir / "logs", {"SLUICE_BROKER_URL": url})
+             .start() if workers else None)
+    slots = workers * per_worker if workers else 8
+    printer = (lambda record: click.echo(json.dumps(record, default=str))) if results_mode == "ndjson" else _ignore
+    with Observer(console) if observe else _NoObserver() as observer:
+
+        def on_progress(progress: Any) -> None:
+            observer(progress)
+            if local is not None and not driver.stopping:
+                for index in local.revive():
+                    console.print(f"local worker {index} died; restarted it")
+
+        driver = Driver(app, tf, store, RunSettings(run_id, queue, retries=retries, quarantine_after=quarantine_after,
+                                                    rerun_failed=rerun_failed),
+                        slots, on_record=printer, on_progress=on_progress)
+        if not resume:
+            driver.reset()
+        _handle_interrupts(driver)
+        try:
+            code = driver.run(done)
+        finally:
+            if local is not None:
+                local.stop(interrupt=driver.stopping)
+    if driver.stopping:
+        driver.finish_interrupted(private_queue=local is not None)
+        code = EXIT_INTERRUPTED
+    store.close()
+    if results_mode != "quiet":
+        p = driver.progress
+        console.print(f"run {run_id}: {p.ok} ok, {p.failed} failed, {p.cancelled} cancelled, {p.skipped} skipped "
+                      f"(already in the sink), {p.duplicates} duplicate ids; {p.rate():.0f} items/s; sink {sink_dir}")
+    return code
+
+
+def _handle_interrupts(driver: Driver) -> None:
+    def on_interrupt(_signum: int, _frame: Any) -> None:
+        if driver.stopping:
+            os._exit(EXIT_INTERRUPTED)  # second Ctrl-C: exit at once
+        console.print("[yellow]interrupted: stopping; unstarted items are recorded as cancelled "
+                      "(Ctrl-C again to exit at once)[/yellow]")
+        driver.interrupt()
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    signal.signal(signal.SIGTERM, on_interrupt)
+
+
+def _ignore(_record: dict[str, Any]) -> None:
+    return None
+
+
+class _NoObserver:
+    def __enter__(self) -> _NoObserver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __call__(self, _progress: object) -> None:
+        return None

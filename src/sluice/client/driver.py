@@ -1,0 +1,318 @@
+"""The batch-run driver behind ``sluice compute``.
+
+It streams ``plan()`` lazily with a bounded in-flight window, dispatches each id at most once per
+run (the SkipSet, a Redis set), packs items into chunks whose size adapts to how long items take
+(per-message overhead is what limits tiny items), and moves records from the Redis result cache
+to the sink. On resume it takes what the cache already holds, skips what the sink holds, and
+waits for what earlier drivers dispatched instead of dispatching it again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import states
+
+from sluice import keys
+from sluice.app import App
+from sluice.client.chunk_task import RUN_CHUNK_TASK
+from sluice.client.sink import Sink
+from sluice.client.taskfile import TaskFile
+from sluice.compute import Compute
+from sluice.queues.routing import COMPUTE_HEADER
+from sluice.tasks.escalation import POLICY_HEADER
+from sluice.tasks.history import read as read_history
+from sluice.tasks.retry import RetryOn, RetryPolicy
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+@dataclass
+class Progress:
+    """Counts a run shows while it goes and writes to checkpoint.json."""
+
+    started: float = field(default_factory=time.time)
+    ok: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    skipped: int = 0
+    duplicates: int = 0
+    dispatched: int = 0
+    in_flight: int = 0
+    plan_done: bool = False
+    per_worker: Counter[str] = field(default_factory=Counter)
+    quarantined: list[str] = field(default_factory=list)
+
+    @property
+    def finished(self) -> int:
+        return self.ok + self.failed + self.cancelled
+
+    def rate(self) -> float:
+        return self.finished / max(time.time() - self.started, 1e-9)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "failed": self.failed, "cancelled": self.cancelled, "skipped": self.skipped,
+                "duplicates": self.duplicates, "dispatched": self.dispatched, "in_flight": self.in_flight,
+                "plan_done": self.plan_done, "items_per_s": round(self.rate(), 1),
+                "elapsed_s": round(time.time() - self.started, 3), "per_worker": dict(self.per_worker),
+                "quarantined": self.quarantined, "updated": time.time()}
+
+
+@dataclass
+class RunSettings:
+    run_id: str
+    queue: str
+    retries: int = 0
+    window: int = 20_000
+    max_chunk: int = 1_000
+    quarantine_after: int = 3
+    rerun_failed: bool = False
+
+
+class Driver:
+    def __init__(self, app: App, task_file: TaskFile, sink: Sink, settings: RunSettings, slots: int,
+                 on_record: Callable[[dict[str, Any]], None] = lambda record: None,
+                 on_progress: Callable[[Progress], None] = lambda progress: None) -> None:
+        self.app, self.task_file, self.sink, self.settings = app, task_file, sink, settings
+        self.slots = max(slots, 1)
+        self.on_record = on_record
+        self.on_progress = on_progress
+        self.client = app.redis
+        self.progress = Progress()
+        self.chunks: dict[str, list[str]] = {}           # chunk task id -> item ids without a record yet
+        self.waiting: set[str] = set()                   # ids in flight (this driver's or an earlier one's)
+        self.item_seconds: float | None = None           # moving average of execute() time (None: unknown)
+        self.infra_failures: Counter[str] = Counter()
+        self.stopping = False
+        self._seen_attempts: set[tuple[str, int]] = set()
+        self._last_checkpoint = 0.0
+        self._last_poll = 0.0
+
+    def key(self, part: str) -> str:
+        return keys.run(self.settings.run_id, part)
+
+    # --- set-up -----------------------------------------------------------------------------
+
+    def publish_source(self) -> None:
+        """Cluster workers load the task file from here: they need no copy of it."""
+        tf = self.task_file
+        self.client.hset(self.key("source"), mapping={"filename": tf.filename, "source": tf.source,
+                                                      "argv": json.dumps(tf.argv)})
+        self.client.delete(self.key("cancel"))
+
+    def reset(self) -> None:
+        """A fresh run under a name used before: forget that run's dispatches and results."""
+        self.client.delete(*(self.key(part) for part in ("skip", "results", "ready", "cancel")))
+
+    def recover(self, done: set[str]) -> None:
+        """Resume: sink what the cache computed meanwhile; wait for what earlier drivers dispatched."""
+        lines = []
+        for raw_id, raw in self.client.hscan_iter(self.key("results"), count=5000):
+            if raw_id.decode() not in done:
+                lines.append(raw)
+                done.add(raw_id.decode())
+        self._write(lines, only_waiting=False)
+        self.client.delete(self.key("ready"))
+        for raw_id in self.client.sscan_iter(self.key("skip"), count=5000):
+            if raw_id.decode() not in done:
+                self.waiting.add(raw_id.decode())
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self, done: set[str]) -> int:
+        self.publish_source()
+        self.recover(done)
+        self.progress.in_flight = len(self.waiting)
+        items = self._fresh(self.task_file.plan(), done)
+        batch: list[dict[str, Any]] = []
+        while not self.stopping:
+            while not self.progress.plan_done and len(self.waiting) < self._window():
+                item = next(items, None)
+                if item is None:
+                    self.progress.plan_done = True
+                    break
+                batch.append(item)
+                if len(batch) >= self._chunk_size():
+                    self._dispatch(batch)
+                    batch = []
+            if batch and (self.progress.plan_done or len(self.waiting) < self.slots):
+                self._dispatch(batch)
+                batch = []
+            if self.progress.plan_done and not self.waiting and not batch:
+                break
+            self._collect(block=True)
+            self._poll_chunks()
+            self._checkpoint()
+        self._checkpoint(force=True)
+        return self.exit_code()
+
+    def exit_code(self) -> int:
+        if self.stopping:
+            return EXIT_INTERRUPTED
+        return EXIT_FAILED if self.progress.failed else EXIT_OK
+
+    def _fresh(self, items: Iterator[dict[str, Any]], done: set[str]) -> Iterator[dict[str, Any]]:
+        """Items not done and not dispatched before; duplicates reported once and dropped."""
+        seen_twice: set[str] = set()
+        pending: list[dict[str, Any]] = []
+
+        def claim(batch: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+            """SMISMEMBER + SADD: two commands for the batch, one driver per run (no race)."""
+            if not batch:
+                return
+            ids = [item["id"] for item in batch]
+            pipe = self.client.pipeline(transaction=False)
+            pipe.smismember(self.key("skip"), ids)
+            pipe.sadd(self.key("skip"), *ids)
+            known = pipe.execute()[0]
+            fresh: set[str] = set()
+            for item, was_known in zip(batch, known):
+                if not was_known and item["id"] not in fresh:
+                    fresh.add(item["id"])
+                    yield item
+                elif item["id"] not in self.waiting and item["id"] not in seen_twice:
+                    seen_twice.add(item["id"])
+                    self.progress.duplicates += 1
+
+        for item in items:
+            if item["id"] in done:
+                self.progress.skipped += 1
+                continue
+            pending.append(item)
+            if len(pending) >= 500:
+                yield from claim(pending)
+                pending = []
+        yield from claim(pending)
+
+    def _window(self) -> int:
+        """Items in flight at most: one per slot until an item's time is measured, then the window."""
+        return self.slots if self.item_seconds is None else self.settings.window
+
+    def _chunk_size(self) -> int:
+        """About 100 ms of work per message, but enough messages to keep every slot busy."""
+        if self.item_seconds is None:
+            return 1
+        by_time = int(0.1 / self.item_seconds) or 1
+        return max(1, min(by_time, self.settings.max_chunk, max(1, self.settings.window // (2 * self.slots))))
+
+    def _dispatch(self, batch: list[dict[str, Any]]) -> None:
+        compute = self.task_file.compute or Compute()
+        headers: dict[str, Any] = {COMPUTE_HEADER: compute.inherit(self.app.default_compute).to_dict()}
+        if self.settings.retries:
+            policy = RetryPolicy(max_retries=self.settings.retries, retry_on=RetryOn.TRANSIENT)
+            headers[POLICY_HEADER] = policy.to_dict()
+        result = self.app.tasks[RUN_CHUNK_TASK].apply_async(
+            args=(self.settings.run_id, batch), queue=self.settings.queue, headers=headers,
+            argsrepr=f"({self.settings.run_id!r}, <{len(batch)} items>)", kwargsrepr="{}")
+        ids = [item["id"] for item in batch]
+        self.chunks[result.id] = ids
+        self.waiting.update(ids)
+        self.progress.dispatched += len(ids)
+        self.progress.in_flight = len(self.waiting)
+
+    def _collect(self, block: bool) -> None:
+        lines = self.client.lpop(self.key("ready"), 5000)
+        if not lines and block:
+            popped = self.client.blpop([self.key("ready")], timeout=0.2)
+            lines = [popped[1]] if popped else []
+        if lines:
+            self._write(lines)
+
+    def _write(self, lines: list[bytes | str], only_waiting: bool = True) -> None:
+        """Sink records (JSON lines; failures carry a "status") and count them. A record for an id
+        no longer awaited (a redelivered chunk reporting twice) is dropped: each id lands once."""
+        ready, failures = [], []
+        for line in lines:
+            record = json.loads(line)
+            if only_waiting and record["id"] not in self.waiting:
+                continue
+            self.waiting.discard(record["id"])
+            self.progress.per_worker[record.get("worker") or "?"] += 1
+            self.on_record(record)
+            if "status" in record:
+                failures.append(record)
+            else:
+                ready.append(record)
+                seconds = max(record.get("seconds") or 0.0, 1e-6)
+                self.item_seconds = seconds if self.item_seconds is None else 0.9 * self.item_seconds + 0.1 * seconds
+        self.sink.write(ready, failures)
+        self.progress.ok += len(ready)
+        self.progress.failed += sum(1 for r in failures if r["status"] == "failed")
+        self.progress.cancelled += sum(1 for r in failures if r["status"] == "cancelled")
+        self.progress.in_flight = len(self.waiting)
+
+    def _poll_chunks(self) -> None:
+        """Chunks that ended without records for all their items failed on infrastructure."""
+        if time.monotonic() - self._last_poll < 0.5 or not self.chunks:
+            return
+        self._last_poll = time.monotonic()
+        ids = list(self.chunks)
+        metas = self.client.mget([f"celery-task-meta-{i}" for i in ids])
+        for chunk_id, raw in zip(ids, metas):
+            remaining = [i for i in self.chunks[chunk_id] if i in self.waiting]
+            if not remaining:
+                del self.chunks[chunk_id]
+                continue
+            state = json.loads(raw)["status"] if raw else states.PENDING
+            if state in (states.RETRY, states.FAILURE):
+                self._count_infra_failures(chunk_id)
+            if state == states.FAILURE:
+                error = json.loads(raw)["result"]
+                message = error.get("exc_message") if isinstance(error, dict) else str(error)
+                message = message[0] if isinstance(message, list) and message else str(message)
+                self._write([json.dumps({"id": i, "status": "failed", "error": error.get("exc_type", "Error"),
+                                         "message": message, "traceback": "", "worker": None}) for i in remaining])
+                del self.chunks[chunk_id]
+
+    def _count_infra_failures(self, chunk_id: str) -> None:
+        for attempt in read_history(self.client, chunk_id):
+            marker = (chunk_id, attempt["attempt"])
+            if marker in self._seen_attempts:
+                continue
+            self._seen_attempts.add(marker)
+            worker = attempt["worker"]
+            self.infra_failures[worker] += 1
+            if self.infra_failures[worker] >= self.settings.quarantine_after and worker not in self.progress.quarantined:
+                self.progress.quarantined.append(worker)
+                self.app.control.cancel_consumer(self.settings.queue, destination=[worker])
+
+    def _checkpoint(self, force: bool = False) -> None:
+        if force or time.monotonic() - self._last_checkpoint >= 1.0:
+            self._last_checkpoint = time.monotonic()
+            self.sink.checkpoint({"run_id": self.settings.run_id, **self.progress.as_dict()})
+            self.on_progress(self.progress)
+
+    # --- Ctrl-C -------------------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """Stop dispatching; workers record their unstarted items as cancelled."""
+        self.stopping = True
+        self.client.set(self.key("cancel"), 1)
+
+    def finish_interrupted(self, private_queue: bool) -> None:
+        """After the workers stopped: take what they wrote; record every other in-flight id as
+        cancelled and forget it was dispatched (resume runs it again); drop its messages."""
+        while self.client.llen(self.key("ready")):
+            self._collect(block=False)
+        self.app.control.revoke(list(self.chunks))
+        if private_queue:
+            self._drop_queue()
+        if self.waiting:
+            self.client.srem(self.key("skip"), *self.waiting)
+        self._write([json.dumps({"id": i, "status": "cancelled", "error": "Cancelled",
+                                 "message": "the run was interrupted (Ctrl-C) before this item finished",
+                                 "traceback": "", "worker": None}) for i in sorted(self.waiting)])
+        self._checkpoint(force=True)
+
+    def _drop_queue(self) -> None:
+        """The run-private queue's waiting and held messages (its workers are gone)."""
+        self.client.delete(self.settings.queue)
+        for tag, raw in self.client.hgetall("unacked").items():
+            if json.loads(raw)[2] == self.settings.queue:
+                self.client.hdel("unacked", tag)
+                self.client.zrem("unacked_index", tag)
