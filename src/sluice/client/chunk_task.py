@@ -12,6 +12,8 @@ import time
 import traceback
 from typing import Any
 
+from celery.signals import task_failure
+
 from sluice import keys
 from sluice.client.taskfile import TaskFile
 from sluice.tasks.escalation import ATTEMPT_HEADER
@@ -77,3 +79,28 @@ def _flush(client: Any, run_id: str, records: list[tuple[str, str]]) -> bool:
     records.clear()
     return cancelled
 
+
+
+def record_chunk_failure(sender: Any = None, task_id: str = "", exception: BaseException | None = None,
+                         args: Any = None, **_: Any) -> None:
+    """A chunk that failed for good (its worker lost, retries spent): every item of it without a
+    record gets a failure record, so no accepted item is left waiting. Celery sends this signal
+    from whichever process ended the task (pool process or main process)."""
+    if getattr(sender, "name", None) != RUN_CHUNK_TASK or not args:
+        return
+    run_id, items = args[0], args[1]
+    client = sender.app.redis
+    results = keys.run(run_id, "results")
+    ids = [item["id"] for item in items]
+    missing = [i for i, done in zip(ids, client.hmget(results, ids)) if done is None]
+    if not missing:
+        return
+    lines = {i: json.dumps({"id": i, "status": "failed", "error": type(exception).__name__, "message": str(exception),
+                            "traceback": "", "worker": None, "chunk": task_id}) for i in missing}
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(results, mapping=lines)
+    pipe.rpush(keys.run(run_id, "ready"), *lines.values())
+    pipe.execute()
+
+
+task_failure.connect(record_chunk_failure, weak=False)

@@ -25,7 +25,7 @@ from sluice.client.sink import Sink
 from sluice.client.taskfile import TaskFile
 from sluice.compute import Compute
 from sluice.queues.routing import COMPUTE_HEADER
-from sluice.tasks.escalation import POLICY_HEADER
+from sluice.tasks.escalation import POLICY_HEADER, STICKY_HEADER
 from sluice.tasks.history import read as read_history
 from sluice.tasks.retry import RetryOn, RetryPolicy
 
@@ -86,6 +86,8 @@ class Driver:
         self.progress = Progress()
         self.chunks: dict[str, list[str]] = {}           # chunk task id -> item ids without a record yet
         self.waiting: set[str] = set()                   # ids in flight (this driver's or an earlier one's)
+        self.inherited: set[str] = set()                 # ids an earlier driver of this run dispatched
+        self.claimed: set[str] = set()                   # ids taken from plan(), not yet published
         self.item_seconds: float | None = None           # moving average of execute() time (None: unknown)
         self.infra_failures: Counter[str] = Counter()
         self.stopping = False
@@ -111,16 +113,23 @@ class Driver:
 
     def recover(self, done: set[str]) -> None:
         """Resume: sink what the cache computed meanwhile; wait for what earlier drivers dispatched."""
-        lines = []
+        lines, rerun = [], []
         for raw_id, raw in self.client.hscan_iter(self.key("results"), count=5000):
-            if raw_id.decode() not in done:
+            item_id = raw_id.decode()
+            if self.settings.rerun_failed and b'"status": "failed"' in raw:
+                rerun.append(item_id)            # --rerun-failed: forget the failure, dispatch it again
+            elif item_id not in done:
                 lines.append(raw)
-                done.add(raw_id.decode())
+                done.add(item_id)
+        if rerun:
+            self.client.hdel(self.key("results"), *rerun)
+            self.client.srem(self.key("skip"), *rerun)
         self._write(lines, only_waiting=False)
         self.client.delete(self.key("ready"))
         for raw_id in self.client.sscan_iter(self.key("skip"), count=5000):
             if raw_id.decode() not in done:
-                self.waiting.add(raw_id.decode())
+                self.inherited.add(raw_id.decode())
+        self.waiting |= self.inherited
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -162,21 +171,21 @@ class Driver:
         pending: list[dict[str, Any]] = []
 
         def claim(batch: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-            """SMISMEMBER + SADD: two commands for the batch, one driver per run (no race)."""
+            """One SMISMEMBER for the batch. Ids join the SkipSet when their chunk is published."""
             if not batch:
                 return
-            ids = [item["id"] for item in batch]
-            pipe = self.client.pipeline(transaction=False)
-            pipe.smismember(self.key("skip"), ids)
-            pipe.sadd(self.key("skip"), *ids)
-            known = pipe.execute()[0]
-            fresh: set[str] = set()
+            known = self.client.smismember(self.key("skip"), [item["id"] for item in batch])
+            fresh: set[str] = set()   # the SMISMEMBER answer is stale for ids yielded from this batch
             for item, was_known in zip(batch, known):
-                if not was_known and item["id"] not in fresh:
-                    fresh.add(item["id"])
+                item_id = item["id"]
+                if not was_known and item_id not in self.claimed and item_id not in fresh:
+                    self.claimed.add(item_id)
+                    fresh.add(item_id)
                     yield item
-                elif item["id"] not in self.waiting and item["id"] not in seen_twice:
-                    seen_twice.add(item["id"])
+                elif item_id in self.inherited:
+                    self.inherited.discard(item_id)      # dispatched by an earlier driver: await it
+                elif item_id not in seen_twice:
+                    seen_twice.add(item_id)
                     self.progress.duplicates += 1
 
         for item in items:
@@ -202,7 +211,8 @@ class Driver:
 
     def _dispatch(self, batch: list[dict[str, Any]]) -> None:
         compute = self.task_file.compute or Compute()
-        headers: dict[str, Any] = {COMPUTE_HEADER: compute.inherit(self.app.default_compute).to_dict()}
+        headers: dict[str, Any] = {COMPUTE_HEADER: compute.inherit(self.app.default_compute).to_dict(),
+                                   STICKY_HEADER: self.settings.queue}
         if self.settings.retries:
             policy = RetryPolicy(max_retries=self.settings.retries, retry_on=RetryOn.TRANSIENT)
             headers[POLICY_HEADER] = policy.to_dict()
@@ -210,6 +220,10 @@ class Driver:
             args=(self.settings.run_id, batch), queue=self.settings.queue, headers=headers,
             argsrepr=f"({self.settings.run_id!r}, <{len(batch)} items>)", kwargsrepr="{}")
         ids = [item["id"] for item in batch]
+        # after the publish: a crash in between may dispatch these ids again on resume (the result
+        # cache keeps that from computing anything twice); before it, a crash would lose them
+        self.client.sadd(self.key("skip"), *ids)
+        self.claimed.difference_update(ids)
         self.chunks[result.id] = ids
         self.waiting.update(ids)
         self.progress.dispatched += len(ids)
@@ -247,27 +261,19 @@ class Driver:
         self.progress.in_flight = len(self.waiting)
 
     def _poll_chunks(self) -> None:
-        """Chunks that ended without records for all their items failed on infrastructure."""
+        """Count infrastructure failures per worker from retried chunks (for quarantine). A chunk
+        that fails for good has its items' failure records written by the worker side."""
         if time.monotonic() - self._last_poll < 0.5 or not self.chunks:
             return
         self._last_poll = time.monotonic()
         ids = list(self.chunks)
         metas = self.client.mget([f"celery-task-meta-{i}" for i in ids])
         for chunk_id, raw in zip(ids, metas):
-            remaining = [i for i in self.chunks[chunk_id] if i in self.waiting]
-            if not remaining:
+            if not any(i in self.waiting for i in self.chunks[chunk_id]):
                 del self.chunks[chunk_id]
                 continue
-            state = json.loads(raw)["status"] if raw else states.PENDING
-            if state in (states.RETRY, states.FAILURE):
+            if raw and json.loads(raw)["status"] in (states.RETRY, states.FAILURE):
                 self._count_infra_failures(chunk_id)
-            if state == states.FAILURE:
-                error = json.loads(raw)["result"]
-                message = error.get("exc_message") if isinstance(error, dict) else str(error)
-                message = message[0] if isinstance(message, list) and message else str(message)
-                self._write([json.dumps({"id": i, "status": "failed", "error": error.get("exc_type", "Error"),
-                                         "message": message, "traceback": "", "worker": None}) for i in remaining])
-                del self.chunks[chunk_id]
 
     def _count_infra_failures(self, chunk_id: str) -> None:
         for attempt in read_history(self.client, chunk_id):
@@ -277,7 +283,9 @@ class Driver:
             self._seen_attempts.add(marker)
             worker = attempt["worker"]
             self.infra_failures[worker] += 1
-            if self.infra_failures[worker] >= self.settings.quarantine_after and worker not in self.progress.quarantined:
+            healthy = set(self.progress.per_worker) - set(self.progress.quarantined) - {worker}
+            if (self.infra_failures[worker] >= self.settings.quarantine_after
+                    and worker not in self.progress.quarantined and healthy):  # never the last worker
                 self.progress.quarantined.append(worker)
                 self.app.control.cancel_consumer(self.settings.queue, destination=[worker])
 

@@ -6,24 +6,16 @@ they held goes back to the queue through the orphan reaper of the next run's wor
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 from pathlib import Path
 
+from sluice.deploy.embedded import die_with_parent
 from sluice.errors import ConfigurationError
 
-PR_SET_PDEATHSIG = 1
 #: Local workers are few and all ours: notice a dead one, and its held messages, within seconds.
 LOCAL_ENV = {"SLUICE_HEARTBEAT_INTERVAL": "0.5", "SLUICE_REAPER_INTERVAL": "1", "SLUICE_ORPHAN_GRACE": "5"}
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the worker outlives a killed driver until its own shutdown
-        pass
 
 
 class LocalWorkers:
@@ -50,7 +42,7 @@ class LocalWorkers:
                  "-c", str(self.per_worker), "-n", self.hostname(index), "--without-mingle", "--without-gossip",
                  "--loglevel", "WARNING"],
                 stdout=log, stderr=subprocess.STDOUT, env=os.environ | LOCAL_ENV | self.env,
-                preexec_fn=_die_with_parent, start_new_session=True)
+                preexec_fn=die_with_parent, start_new_session=True)
 
     def revive(self) -> list[int]:
         """Restart local workers that died (a kill -9, an OOM kill); returns their indexes."""

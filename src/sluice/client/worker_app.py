@@ -6,3 +6,4 @@ Every sluice App registers the chunk task, so cluster workers of any app run bat
 from sluice.app import App
 
 app = App("sluice.compute")
+app.conf.worker_direct = True  # infrastructure retries of a chunk go back to the same worker (sticky)

@@ -6,8 +6,10 @@ laptop needs nothing installed beyond ``pip install sluice``.
 
 from __future__ import annotations
 
+import ctypes
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -16,6 +18,14 @@ from pathlib import Path
 import redis
 
 from sluice.errors import BrokerUnavailable
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for children that must not outlive the process that started them (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the child outlives a killed parent until stopped by hand
+        pass
 
 
 def find_redis_server() -> str:
@@ -63,7 +73,7 @@ class EmbeddedRedis:
             [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
              "--appendonly", "yes", "--dir", str(self.data_dir), "--save", "", "--maxmemory-policy", "noeviction",
              "--daemonize", "no"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

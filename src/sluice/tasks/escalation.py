@@ -12,6 +12,9 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from celery.utils.nodenames import worker_direct
+from kombu import Queue
+
 from sluice import keys
 from sluice.compute import Compute
 from sluice.errors import AttemptFailed, MemoryExhausted, RetriesExhausted, TaskFailed
@@ -27,16 +30,20 @@ log = logging.getLogger("sluice.escalation")
 ATTEMPT_HEADER = "sluice_attempt"
 #: Message header carrying a per-message retry policy (asset steps share one task).
 POLICY_HEADER = "sluice_retry"
+#: Message header naming the message's home queue: retries go to the same worker (its
+#: worker_direct queue) while that worker lives, else back to the home queue.
+STICKY_HEADER = "sluice_sticky"
 
 
 @dataclass(frozen=True)
 class Attempt:
-    """The attempt a message represents: its number, size, queue and retry policy."""
+    """The attempt a message represents: its number, size, queue, retry policy and stickiness."""
 
     number: int
     compute: Compute
     queue: str
     policy: RetryPolicy | None
+    sticky: str | None = None   #: the home queue of a sticky message
 
     @classmethod
     def of(cls, task: ComputeTask, fields: dict[str, Any], delivery_info: dict[str, Any] | None) -> Attempt:
@@ -46,7 +53,20 @@ class Attempt:
                    else task.app.effective_compute(task.name))
         policy = fields.get(POLICY_HEADER)
         return cls(int(fields.get(ATTEMPT_HEADER) or 1), compute, (delivery_info or {}).get("routing_key") or "?",
-                   RetryPolicy.from_dict(policy) if policy else task.retry_policy)
+                   RetryPolicy.from_dict(policy) if policy else task.retry_policy, fields.get(STICKY_HEADER) or None)
+
+
+def next_queue(task: ComputeTask, attempt: Attempt, compute: Compute, reason: Reason, worker: str) -> str | Queue:
+    """Where the next attempt goes: back to the same live worker when sticky (its process died,
+    not the worker), else the smallest class that fits the new size; a queue that is not a
+    resource class (a run's private queue) is kept."""
+    if attempt.sticky and reason in (Reason.LOST, Reason.MEMORY):
+        return worker_direct(worker)
+    if attempt.sticky:
+        return attempt.sticky
+    if attempt.queue in task.app.catalog:
+        return task.app.catalog.route(compute, task.name).name
+    return attempt.queue
 
 
 def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reason, detail: str,
@@ -62,18 +82,19 @@ def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reaso
     record = attempt_record(attempt.number, attempt.queue, attempt.compute, reason, detail, worker)
     history = append_history(task.app.redis, context.id, record)
     if decision.retry:
-        target = task.app.catalog.route(decision.compute, task.name)
+        target = next_queue(task, attempt, decision.compute, reason, worker)
         headers = {**(context.headers or {}), COMPUTE_HEADER: decision.compute.to_dict(),
-                   ATTEMPT_HEADER: attempt.number + 1}
+                   ATTEMPT_HEADER: attempt.number + 1, STICKY_HEADER: attempt.sticky}
         if policy is not task.retry_policy and policy is not None:
             headers[POLICY_HEADER] = policy.to_dict()  # a per-message policy travels on
-        task.signature_from_request(context, queue=target.name, headers=headers,
+        task.signature_from_request(context, queue=target, headers=headers,
                                     countdown=decision.countdown or None).apply_async()
         if decision.compute != attempt.compute:
             task.app.redis.incr(keys.stat("escalations", attempt.queue))
         total = policy.max_attempts if policy else 1
+        where = target if isinstance(target, str) else f"worker {worker} (sticky)"
         line = (f"task {task.name}[{context.id}] {describe_attempt(history[-1])}; retrying at "
-                f"{decision.compute.memory} on {target.name} (attempt {attempt.number + 1} of {total})")
+                f"{decision.compute.memory} on {where} (attempt {attempt.number + 1} of {total})")
         if decision.countdown:
             line += f" in {decision.countdown:.1f}s"
         log.warning(line)

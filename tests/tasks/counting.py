@@ -1,0 +1,47 @@
+"""A task file for the batch tests: every execute() leaves a mark the test can count.
+
+--marks DIR       append "<id>\\n" to DIR/<pid>.marks on every execution (O_APPEND: lines stay whole)
+--sleep S         each execute() sleeps S seconds
+--fail-every K    ids whose number is a multiple of K raise ValueError (a business failure)
+--dup-every K     plan() yields every K-th item twice
+"""
+
+import argparse
+import os
+import time
+
+
+def _args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=10)
+    p.add_argument("--marks", default=None)
+    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--fail-every", type=int, default=0)
+    p.add_argument("--dup-every", type=int, default=0)
+    return p.parse_args()
+
+
+def plan():
+    args = _args()
+    for i in range(args.n):
+        yield {"id": f"item-{i}", "i": i}
+        if args.dup_every and i % args.dup_every == 0:
+            yield {"id": f"item-{i}", "i": i}
+    yield {"i": -1}                      # no id: sluice gives it a UUID
+
+
+def execute(item):
+    args = _args()
+    if args.marks:
+        with open(os.path.join(args.marks, f"{os.getpid()}.marks"), "a") as out:
+            out.write(f"{item['id']}\n")
+    if args.sleep:
+        time.sleep(args.sleep)
+    if args.fail_every and item["i"] > 0 and item["i"] % args.fail_every == 0:
+        raise ValueError(f"item {item['i']} is not welcome")
+    return {"square": item["i"] ** 2}
+
+
+if __name__ == "__main__":
+    for it in plan():
+        print(execute(it))

@@ -1,0 +1,186 @@
+"""`sluice compute`: the reference example in every mode, and the sink's guarantees under failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sluice.client.sink import repair_torn_tail
+from tests.conftest import ROOT, wait_for
+
+pytestmark = pytest.mark.integration
+EXAMPLE = ROOT / "examples" / "task.py"
+COUNTING = ROOT / "tests" / "tasks" / "counting.py"
+
+
+def compute(*args: str, home: Path, timeout: float = 180, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sluice", "compute", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=_env(home) | env)
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "SLUICE_BROKER_URL"}
+    return env | {"SLUICE_HOME": str(home), "PYTHONPATH": str(ROOT)}
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_plain_script_and_check(tmp_path: Path) -> None:
+    plain = subprocess.run([sys.executable, str(EXAMPLE), "--n", "2"], capture_output=True, text=True, timeout=30)
+    assert plain.stdout.splitlines() == ["{'x2': 0}", "{'x2': 2}"]
+    check = compute(str(EXAMPLE), "--check", "--", "--n", "2", home=tmp_path)
+    assert check.returncode == 0, check.stderr
+    assert [json.loads(line) for line in check.stdout.splitlines()] == [
+        {"id": "t-0", "result": {"x2": 0}}, {"id": "t-1", "result": {"x2": 2}}]
+
+
+@pytest.mark.parametrize("workers", [["-w", "4"], ["-w", "1", "--per-worker", "4"]], ids=["w4", "w1x4"])
+def test_reference_example_on_local_workers(tmp_path: Path, workers: list[str]) -> None:
+    result = compute(str(EXAMPLE), *workers, "--results", "ndjson", "--", "--n", "100", home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert sorted(r["id"] for r in records) == sorted(f"t-{i}" for i in range(100))
+    assert all(r["result"] == {"x2": int(r["id"][2:]) * 2} for r in records)
+
+
+def test_sink_resume_and_observe(tmp_path: Path) -> None:
+    sink = tmp_path / "run1"
+    first = compute(str(EXAMPLE), "-w", "2", "--sink", str(sink), "--", "--n", "300", home=tmp_path)
+    assert first.returncode == 0, first.stderr
+    ready = lines(sink / "ready.ndjson")
+    assert len(ready) == 300 and len({r["id"] for r in ready}) == 300
+    assert set(ready[0]) == {"id", "result", "worker", "attempts", "started", "seconds"}
+    checkpoint = json.loads((sink / "checkpoint.json").read_text())
+    assert checkpoint["ok"] == 300 and checkpoint["plan_done"] and sum(checkpoint["per_worker"].values()) == 300
+    again = compute(str(EXAMPLE), "-w", "2", "--sink", str(sink), "--resume", "--observe", "--", "--n", "400",
+                    home=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "done=100 failed=0" in again.stderr         # plain progress lines: stderr is not a terminal
+    assert "300 skipped" in again.stderr
+    assert len({r["id"] for r in lines(sink / "ready.ndjson")}) == 400 == len(lines(sink / "ready.ndjson"))
+    refused = compute(str(EXAMPLE), "-w", "1", "--sink", str(sink), "--", "--n", "1", home=tmp_path)
+    assert refused.returncode == 2 and "--resume" in refused.stderr
+
+
+def test_failures_duplicates_and_missing_ids(tmp_path: Path) -> None:
+    sink = tmp_path / "run"
+    result = compute(str(COUNTING), "-w", "2", "--sink", str(sink), "--", "--n", "50", "--fail-every", "10",
+                     "--dup-every", "7", home=tmp_path)
+    assert result.returncode == 1, result.stderr                      # some failed
+    ready, failures = lines(sink / "ready.ndjson"), lines(sink / "failures.ndjson")
+    assert sorted(f["id"] for f in failures) == [f"item-{i}" for i in (10, 20, 30, 40)]
+    assert {f["status"] for f in failures} == {"failed"} and "ValueError: item 10" in failures[0]["traceback"]
+    ids = [r["id"] for r in ready] + [f["id"] for f in failures]
+    assert len(ids) == len(set(ids)) == 51                            # 50 + the one given a UUID
+    assert "8 duplicate ids" in result.stderr                         # 0, 7, ..., 49: each reported once
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    rerun = compute(str(COUNTING), "-w", "1", "--sink", str(sink), "--resume", "--rerun-failed", "--", "--n", "50",
+                    "--fail-every", "10", "--marks", str(marks), home=tmp_path)
+    ran = sorted(line for f in marks.iterdir() for line in f.read_text().split() if line.startswith("item-"))
+    assert ran == [f"item-{i}" for i in (10, 20, 30, 40)]             # only the failures ran again
+    assert "1 ok, 4 failed" in rerun.stderr                          # (and the id-less item: a new UUID each plan)
+
+
+def test_torn_trailing_line_is_repaired(tmp_path: Path) -> None:
+    path = tmp_path / "ready.ndjson"
+    path.write_text('{"id": "a", "result": 1}\n{"id": "b", "res')
+    assert repair_torn_tail(path)
+    assert path.read_text() == '{"id": "a", "result": 1}\n'
+    path.write_text('{"id": "a", "result": 1}\n{"id": "b", "result"\n')
+    assert repair_torn_tail(path) and path.read_text() == '{"id": "a", "result": 1}\n'
+    assert not repair_torn_tail(path)
+
+
+def _driver_workers(driver: subprocess.Popen[str]) -> list[psutil.Process]:
+    """The local workers' main processes (live children of the driver running celery)."""
+    found = []
+    for child in psutil.Process(driver.pid).children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "celery" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_ctrl_c_records_cancelled_and_resume_runs_them(tmp_path: Path) -> None:
+    sink = tmp_path / "run"
+    args = [str(COUNTING), "-w", "2", "--sink", str(sink), "--", "--n", "40", "--sleep", "0.2"]
+    driver = subprocess.Popen([sys.executable, "-m", "sluice", "compute", *args], cwd=ROOT, env=_env(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: len(lines(sink / "ready.ndjson")) >= 4, 60, "a few results")
+    driver.send_signal(signal.SIGINT)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 130, err
+    ready, failures = lines(sink / "ready.ndjson"), lines(sink / "failures.ndjson")
+    assert {f["status"] for f in failures} == {"cancelled"} and failures
+    assert not {r["id"] for r in ready} & {f["id"] for f in failures}
+    resumed = compute(*args[:5], "--resume", "--", "--n", "40", home=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len({r["id"] for r in lines(sink / "ready.ndjson")}) == 41 == len(lines(sink / "ready.ndjson"))
+
+
+def test_kill_workers_ten_times_every_id_exactly_once(tmp_path: Path) -> None:
+    sink = tmp_path / "run"
+    driver = subprocess.Popen([sys.executable, "-m", "sluice", "compute", str(COUNTING), "-w", "2", "--per-worker", "2",
+                               "--retries", "5", "--sink", str(sink), "--", "--n", "2000", "--sleep", "0.005"],
+                              cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kills = 0
+    deadline = time.monotonic() + 240
+    while kills < 10 and driver.poll() is None and time.monotonic() < deadline:
+        victims = _driver_workers(driver)
+        if victims and len(lines(sink / "ready.ndjson")) > 100 * (kills + 1):
+            victim = victims[kills % len(victims)]
+            os.killpg(victim.pid, signal.SIGKILL)
+            kills += 1
+            time.sleep(0.5)
+        time.sleep(0.05)
+    _, err = driver.communicate(timeout=240)
+    assert kills == 10, f"the run ended after {kills} kills: {err}"
+    ids = [r["id"] for r in lines(sink / "ready.ndjson")] + [f["id"] for f in lines(sink / "failures.ndjson")]
+    assert len(ids) == len(set(ids)) == 2001, (len(ids), len(set(ids)), err[-2000:])
+
+
+def test_kill_the_driver_then_resume_executes_nothing_twice(tmp_path: Path) -> None:
+    sink, marks = tmp_path / "run", tmp_path / "marks"
+    marks.mkdir()
+    args = [str(COUNTING), "-w", "2", "--sink", str(sink), "--retries", "2", "--", "--n", "400", "--sleep", "0.01",
+            "--marks", str(marks)]
+    driver = subprocess.Popen([sys.executable, "-m", "sluice", "compute", *args], cwd=ROOT, env=_env(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: len(lines(sink / "ready.ndjson")) >= 100, 60, "some results")
+    driver.kill()
+    driver.wait(30)
+    computed = {line.decode() for line in _cache_ids(tmp_path, sink)}
+    assert computed, "the result cache should hold what the workers computed"
+    resumed = compute(*args[:7], "--resume", "--", *args[8:], home=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    executions = Counter(line for f in marks.iterdir() for line in f.read_text().split())
+    assert [i for i in computed if executions[i] != 1] == []          # computed once, never again
+    ids = [r["id"] for r in lines(sink / "ready.ndjson")]
+    named = [i for i in ids if i.startswith("item-")]   # the id-less item gets a new UUID each plan()
+    assert len(named) == len(set(named)) == 400 and len(ids) == len(set(ids))
+
+
+def _cache_ids(home: Path, sink: Path) -> list[bytes]:
+    """Ids in the run's result cache right now (read from the embedded Redis's AOF by starting it)."""
+    import hashlib
+
+    from sluice import keys
+    from sluice.deploy.embedded import EmbeddedRedis
+
+    run_id = hashlib.sha1(str(sink.resolve()).encode()).hexdigest()[:16]
+    with EmbeddedRedis(home / "compute-redis") as server:
+        return server.client().hkeys(keys.run(run_id, "results"))
