@@ -184,3 +184,31 @@ def _cache_ids(home: Path, sink: Path) -> list[bytes]:
     run_id = hashlib.sha1(str(sink.resolve()).encode()).hexdigest()[:16]
     with EmbeddedRedis(home / "compute-redis") as server:
         return server.client().hkeys(keys.run(run_id, "results"))
+
+
+def test_redis_restart_mid_run_completes_or_resumes_to_a_complete_sink(tmp_path: Path) -> None:
+    from sluice.deploy.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path / "redis").start()
+    sink = tmp_path / "run"
+    args = [str(COUNTING), "-w", "2", "--sink", str(sink), "--broker", server.url, "--retries", "3"]
+    plan = ["--", "--n", "600", "--sleep", "0.01"]
+    try:
+        driver = subprocess.Popen([sys.executable, "-m", "sluice", "compute", *args, *plan], cwd=ROOT,
+                                  env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: len(lines(sink / "ready.ndjson")) >= 100, 60, "some results")
+        server.stop()                                   # SIGTERM: redis flushes its AOF, as a restart would
+        server.start()
+        _, err = driver.communicate(timeout=180)
+        for _ in range(2):                              # the driver may have died with the connection
+            if driver.returncode == 0:
+                break
+            resumed = compute(*args, "--resume", *plan, home=tmp_path)
+            driver.returncode, err = resumed.returncode, resumed.stderr
+        assert driver.returncode == 0, err[-3000:]
+    finally:
+        server.stop()
+    ready, failures = lines(sink / "ready.ndjson"), lines(sink / "failures.ndjson")
+    named = [r["id"] for r in ready + failures if r["id"].startswith("item-")]
+    assert sorted(set(named)) == sorted(f"item-{i}" for i in range(600))
+    assert len(named) == 600 and not failures

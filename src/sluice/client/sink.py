@@ -40,17 +40,39 @@ def repair_torn_tail(path: Path) -> bool:
         return True
 
 
+_PREFIX = '{"id": "'
+_BLOCK = 64 << 20
+
+
+def _blocks(path: Path) -> Iterable[bytes]:
+    """The file in blocks of whole lines (bounded memory for a sink of any size)."""
+    with open(path, "rb") as handle:
+        rest = b""
+        while block := handle.read(_BLOCK):
+            block = rest + block
+            cut = block.rfind(b"\n") + 1
+            rest = block[cut:]
+            yield block[:cut]
+        if rest:
+            yield rest
+
+
 def _ids(path: Path, status: str | None = None) -> Iterable[str]:
-    """Ids recorded in an ndjson file (fast path: every line starts with {"id": "...")."""
+    """Ids recorded in an ndjson file. Every line sluice writes starts with {"id": "..., so the
+    id is sliced out of each line without parsing it; an id holding an escape (or a line that
+    does not start that way) is parsed as JSON."""
     if not path.exists():
         return
-    with open(path, "rb") as handle:
-        for line in handle:
-            if status is None and line.startswith(b'{"id": "'):
-                end = line.find(b'"', 8)
-                if b"\\" not in line[8:end]:
-                    yield line[8:end].decode()
-                    continue
+    for block in _blocks(path):
+        text = block.decode("utf-8")
+        lines = text.splitlines()
+        if status is None and text.count("\n" + _PREFIX) + text.startswith(_PREFIX) == len(lines):
+            ids = [line[8:line.find('"', 8)] for line in lines]
+            if "\\" in text:  # only then can an id hold an escape
+                ids = [json.loads(line)["id"] if "\\" in item else item for line, item in zip(lines, ids)]
+            yield from ids
+            continue
+        for line in lines:
             record = json.loads(line)
             if status is None or record.get("status") == status:
                 yield record["id"]
