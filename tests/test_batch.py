@@ -212,3 +212,14 @@ def test_redis_restart_mid_run_completes_or_resumes_to_a_complete_sink(tmp_path:
     named = [r["id"] for r in ready + failures if r["id"].startswith("item-")]
     assert sorted(set(named)) == sorted(f"item-{i}" for i in range(600))
     assert len(named) == 600 and not failures
+
+
+def test_cluster_workers_load_the_task_file_from_redis(redis_server: object, workers: object, tmp_path: Path) -> None:
+    """With a broker and no -w, chunks go to the resource class that fits the run's compute and
+    any sluice worker runs them, loading the task file from the run's source in Redis."""
+    workers.start("tests.apps.basic", "cpu", "cluster-cpu", "--without-mingle", "--without-gossip")  # type: ignore[attr-defined]
+    result = compute(str(EXAMPLE), "--broker", redis_server.url, "--results", "ndjson", "--", "--n", "20",  # type: ignore[attr-defined]
+                     home=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == 20 and {r["worker"] for r in records} == {"cluster-cpu@test"}

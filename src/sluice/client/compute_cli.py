@@ -93,8 +93,9 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, workers: int | Non
          retries: int, results_mode: str, resume: bool, rerun_failed: bool, observe: bool, quarantine_after: int,
          settings: Settings) -> int:
     app = App("sluice.compute", broker=url)
-    app.conf.task_send_sent_event = False  # one event per chunk would double the driver's publishing    compute_ = (tf.compute or app.default_compute).inherit(app.default_compute)
-    queue = f"sluice.run.{run_id}" if workers else app.catalog.route(compute_, tf.filename).name
+    app.conf.task_send_sent_event = False  # one event per chunk would double the driver's publishing
+    run_compute = (tf.compute or app.default_compute).inherit(app.default_compute)
+    queue = f"sluice.run.{run_id}" if workers else app.catalog.route(run_compute, tf.filename).name
     store = Sink(sink_dir).open()
     if store.repaired:
         console.print(f"repaired a torn last line in {', '.join(store.repaired)}")

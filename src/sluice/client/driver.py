@@ -92,6 +92,9 @@ class Driver:
         self.infra_failures: Counter[str] = Counter()
         self.stopping = False
         self._seen_attempts: set[tuple[str, int]] = set()
+        self._suspects: set[str] = set()
+        self._items: dict[str, list[dict[str, Any]]] = {}  # chunk id -> its items, to resend a lost chunk
+        self._last_lost_check = time.monotonic()
         self._last_checkpoint = 0.0
         self._last_poll = 0.0
 
@@ -225,6 +228,7 @@ class Driver:
         self.client.sadd(self.key("skip"), *ids)
         self.claimed.difference_update(ids)
         self.chunks[result.id] = ids
+        self._items[result.id] = batch
         self.waiting.update(ids)
         self.progress.dispatched += len(ids)
         self.progress.in_flight = len(self.waiting)
@@ -271,9 +275,29 @@ class Driver:
         for chunk_id, raw in zip(ids, metas):
             if not any(i in self.waiting for i in self.chunks[chunk_id]):
                 del self.chunks[chunk_id]
+                self._items.pop(chunk_id, None)
                 continue
             if raw and json.loads(raw)["status"] in (states.RETRY, states.FAILURE):
                 self._count_infra_failures(chunk_id)
+        self._redispatch_lost({i for i, raw in zip(ids, metas) if raw is None and i in self.chunks})
+
+    def _redispatch_lost(self, pending: set[str]) -> None:
+        """A chunk never started and found in no queue, twice 10 s apart, was lost (a worker killed
+        between taking it from the list and recording it as held): send its items again."""
+        if time.monotonic() - self._last_lost_check < 10:
+            return
+        self._last_lost_check = time.monotonic()
+        held = [json.loads(raw)[0] for raw in self.client.hvals("unacked")]
+        queued = [json.loads(raw) for raw in self.client.lrange(self.settings.queue, 0, -1)]
+        present = {m.get("headers", {}).get("id") for m in held + queued}
+        lost = pending - present
+        for chunk_id in lost & self._suspects:
+            ids = [i for i in self.chunks.pop(chunk_id) if i in self.waiting]
+            raw_items = self._items.pop(chunk_id, [])
+            items = [item for item in raw_items if item["id"] in ids]
+            if items:
+                self._dispatch(items)
+        self._suspects = lost
 
     def _count_infra_failures(self, chunk_id: str) -> None:
         for attempt in read_history(self.client, chunk_id):
