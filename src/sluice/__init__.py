@@ -2,6 +2,8 @@
 
 from sluice.app import App
 from sluice.assets import Asset, AssetDef, CodeRepository, Executor, MaterializeResult
+from sluice.client.remote import remote
+from sluice.client.session import session
 from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.errors import (
@@ -10,10 +12,14 @@ from sluice.errors import (
     ConfigurationError,
     DefinitionError,
     GpuUnavailable,
+    InvalidPackageError,
+    InvalidRequestError,
     MemoryExhausted,
     MemoryKilled,
     NoQueueFits,
+    RemoteError,
     RetriesExhausted,
+    SerializationError,
     SluiceError,
     TaskFailed,
     Transient,
@@ -44,6 +50,9 @@ __all__ = [
     "CodeRepository",
     "Executor",
     "MaterializeResult",
+    # remote functions
+    "remote",
+    "session",
     # errors
     "SluiceError",
     "ConfigurationError",
@@ -57,4 +66,8 @@ __all__ = [
     "AttemptFailed",
     "RetriesExhausted",
     "MemoryExhausted",
+    "InvalidPackageError",
+    "SerializationError",
+    "InvalidRequestError",
+    "RemoteError",
 ]

@@ -21,6 +21,7 @@ from sluice.queues.routing import ComputeRouter
 from sluice.tasks.base import ComputeTask
 from sluice.tasks.retry import RetryPolicy
 from sluice.workers.bootsteps import SluiceWorkerStep
+from sluice.workers.remote_task import REMOTE_TASK, SESSION_TASK, run_remote, run_session
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 #: Where an app points when nothing is configured and no ``sluice up`` is running.
@@ -36,6 +37,8 @@ def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
     * visibility timeout: longer than any task should run, so a live worker's task is never
       handed to a second worker.
     * sent events: Flower sees each attempt's queue (an escalated retry is a new publish).
+    * worker_direct: every worker also consumes its own queue, so a retry can go back to the
+      same worker and a remote call to the worker that holds its package environment.
     """
     return {
         "task_acks_late": True,
@@ -50,6 +53,7 @@ def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
         "task_send_sent_event": True,
         "task_default_queue": default_queue,
         "broker_connection_retry_on_startup": True,
+        "worker_direct": True,
     }
 
 
@@ -79,6 +83,8 @@ class App(Celery):
         self.steps["worker"].add(SluiceWorkerStep)
         self.task(name=RUN_STEP_TASK, bind=True, shared=False)(run_step)
         self.task(name=RUN_CHUNK_TASK, bind=True, shared=False)(run_chunk)
+        self.task(name=REMOTE_TASK, bind=True, shared=False)(run_remote)
+        self.task(name=SESSION_TASK, bind=True, shared=False)(run_session)
         self.user_options["worker"].add(click.Option(
             ["--allow-no-gpu"], is_flag=True, default=False,
             help="Let this worker consume gpu classes on a machine without a GPU (development only)."))

@@ -25,9 +25,13 @@ from typing import Any
 from sluice.compute import Compute
 from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog
+from sluice.units import parse_size
 
 SETTING_KEYS = ("broker_url", "result_backend", "default_cpu", "default_memory", "visibility_timeout",
-                "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes")
+                "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes",
+                "remote_secret", "remote_memory", "remote_classes", "remote_growth_threshold",
+                "remote_growth_factor", "remote_memory_share", "env_dir", "env_cache_size",
+                "fresh_env_per_call", "stream_logs")
 
 #: Longer than any task should run: a task still running on a live worker must never be redelivered.
 DEFAULT_VISIBILITY_TIMEOUT = 6 * 3600
@@ -50,6 +54,26 @@ class Settings:
     orphan_grace: float = 60.0
     home: Path = field(default_factory=lambda: Path.home() / ".sluice")
     catalog: Catalog = field(default_factory=lambda: Catalog.merged({}))
+    #: Shared secret that signs remote-call payloads (HMAC-SHA256); no secret, no remote calls.
+    remote_secret: str | None = None
+    #: A remote function's starting memory when it names none.
+    remote_memory: int = 1 << 30
+    #: Classes whose workers run remote calls; None means every class.
+    remote_classes: tuple[str, ...] | None = None
+    #: A sandbox's limit grows when its memory passes this share of the limit ...
+    remote_growth_threshold: float = 0.9
+    #: ... by this factor, up to max_memory.
+    remote_growth_factor: float = 2.0
+    #: Without max_memory, growth stops at this share of the worker's slot.
+    remote_memory_share: float = 0.8
+    #: Where workers keep package environments (default: ``<home>/envs``).
+    env_dir: Path | None = None
+    #: Least-recently-used environments are removed past this many bytes.
+    env_cache_size: int = 10 << 30
+    #: True restores a fresh install for every call (no environment cache).
+    fresh_env_per_call: bool = False
+    #: Stream installer and function output to the caller as it happens.
+    stream_logs: bool = False
 
     @classmethod
     def load(cls, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
@@ -84,7 +108,26 @@ class Settings:
             orphan_grace=_positive(table, "orphan_grace", defaults.orphan_grace, float),
             home=Path(table["home"]).expanduser() if table.get("home") else defaults.home,
             catalog=Catalog.merged(classes),
+            remote_secret=table.get("remote_secret") or None,
+            remote_memory=parse_size(table.get("remote_memory", defaults.remote_memory), "setting remote_memory"),
+            remote_classes=_names(table, "remote_classes"),
+            remote_growth_threshold=_fraction(table, "remote_growth_threshold", defaults.remote_growth_threshold),
+            remote_growth_factor=_positive(table, "remote_growth_factor", defaults.remote_growth_factor, float),
+            remote_memory_share=_fraction(table, "remote_memory_share", defaults.remote_memory_share),
+            env_dir=Path(table["env_dir"]).expanduser() if table.get("env_dir") else None,
+            env_cache_size=parse_size(table.get("env_cache_size", defaults.env_cache_size), "setting env_cache_size"),
+            fresh_env_per_call=_flag(table, "fresh_env_per_call"),
+            stream_logs=_flag(table, "stream_logs"),
         )
+
+    @property
+    def envs_path(self) -> Path:
+        """Where a worker keeps package environments."""
+        return self.env_dir or self.home / "envs"
+
+    def signing_secret(self) -> str | None:
+        """The remote-call secret: configured, or the one of a ``sluice up`` running here."""
+        return self.remote_secret or str((embedded_state(self.home) or {}).get("remote_secret") or "") or None
 
 
 def _positive(table: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:
@@ -97,6 +140,36 @@ def _positive(table: Mapping[str, Any], key: str, default: Any, kind: type) -> A
     if value <= 0:
         raise ConfigurationError(f"setting {key}={table[key]!r} must be a positive number")
     return value
+
+
+def _fraction(table: Mapping[str, Any], key: str, default: float) -> float:
+    value = _positive(table, key, default, float)
+    if value > 1:
+        raise ConfigurationError(f"setting {key}={table[key]!r} must be a fraction between 0 and 1")
+    return float(value)
+
+
+def _flag(table: Mapping[str, Any], key: str) -> bool:
+    value = table.get(key, False)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"setting {key}={value!r} must be true or false (1/0, yes/no, on/off)")
+
+
+def _names(table: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
+    """A list of names, or in env a comma-separated string."""
+    value = table.get(key)
+    if value is None or value == "":
+        return None
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise ConfigurationError(f"setting {key}={value!r} must be a list of class names (env: comma-separated)")
+    return tuple(n.strip() for n in names)
 
 
 def _config_path(cwd: Path, env: Mapping[str, str]) -> Path:
@@ -144,11 +217,17 @@ def embedded_state_path(home: Path) -> Path:
     return home / "up.json"
 
 
-def embedded_broker_url(home: Path) -> str | None:
-    """The broker URL of a ``sluice up`` running on this machine, if one is."""
+def embedded_state(home: Path) -> dict[str, Any] | None:
+    """What a ``sluice up`` running on this machine wrote about itself, if one is running."""
     try:
         state = json.loads(embedded_state_path(home).read_text())
         os.kill(int(state["pid"]), 0)
-        return str(state["broker_url"])
+        return dict(state)
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def embedded_broker_url(home: Path) -> str | None:
+    """The broker URL of a ``sluice up`` running on this machine, if one is."""
+    state = embedded_state(home)
+    return str(state["broker_url"]) if state and state.get("broker_url") else None

@@ -4,15 +4,20 @@
     ├── ConfigurationError        bad settings, sizes or options; raised when declared
     │   ├── NoQueueFits           no resource class can hold a task's compute
     │   ├── DefinitionError       an asset graph is wrong: unknown dependency, cycle, duplicate
-    │   └── GpuUnavailable        a worker asked to serve a gpu class has no GPU
+    │   ├── GpuUnavailable        a worker asked to serve a gpu class has no GPU
+    │   └── InvalidPackageError   a remote function's packages= entry is not a PEP 508 requirement
     ├── BrokerUnavailable         the broker/redis-server cannot be reached or started
     ├── TaskFailed                a task ended badly on a worker (travels as type + message)
     │   ├── MemoryKilled          the watchdog killed the task for exceeding its memory
     │   ├── WorkerLost            the process (or whole worker) running the task died
     │   ├── AttemptFailed         one attempt failed and another follows (the RETRY state's info)
-    │   └── RetriesExhausted      the retry policy is spent; the message lists every attempt
-    │       └── MemoryExhausted   killed for memory at the policy's max_memory (or out of retries)
-    └── Transient                 raised by a task: "retry me" under RetryOn.TRANSIENT
+    │   ├── RetriesExhausted      the retry policy is spent; the message lists every attempt
+    │   │   └── MemoryExhausted   killed for memory at the policy's max_memory (or out of retries)
+    │   └── RemoteError           a remote function raised an exception that cannot be rebuilt here
+    ├── Transient                 raised by a task: "retry me" under RetryOn.TRANSIENT
+    ├── SerializationError        a remote call's function or arguments cannot travel (live resources)
+    └── InvalidRequestError       a worker refused a remote call: bad signature, Python version
+                                  mismatch, a queue that takes no remote calls, failed install
 
 Errors that cross processes travel as data (type, module, message) in the result backend and
 are rebuilt by Celery on the caller's side, so each class here takes one message string.
@@ -35,6 +40,10 @@ class NoQueueFits(ConfigurationError):
 
 class DefinitionError(ConfigurationError):
     """An asset or asset graph is defined wrongly; the message names the assets involved."""
+
+
+class InvalidPackageError(ConfigurationError):
+    """A ``packages=`` entry of a remote function is not a PEP 508 requirement."""
 
 
 class GpuUnavailable(ConfigurationError):
@@ -87,3 +96,18 @@ class MemoryExhausted(RetriesExhausted):
 
 class Transient(SluiceError):
     """Raise this in a task to say the failure is temporary: retried under RetryOn.TRANSIENT."""
+
+
+class SerializationError(SluiceError, TypeError):
+    """A remote function, its arguments or its value cannot be pickled; the message names the object."""
+
+
+class InvalidRequestError(SluiceError):
+    """A worker could not run a remote call as sent; the message says why (installer output included)."""
+
+
+class RemoteError(TaskFailed):
+    """The remote function raised an exception whose class cannot be rebuilt on the caller's side.
+
+    The message holds the exception's type and message and the remote traceback.
+    """

@@ -48,3 +48,14 @@ def run(run_id: str, part: str) -> str:
     result cache), ``ready`` (list: ids whose record is new), ``source`` (hash: the task file),
     ``cancel`` (string: set on Ctrl-C)."""
     return f"{PREFIX}run:{run_id}:{part}"
+
+
+def remote_output(call_id: str) -> str:
+    """List of lines: a remote call's installer and function output, streamed to its caller."""
+    return f"{PREFIX}remote:{call_id}:output"
+
+
+def session(session_id: str, part: str) -> str:
+    """A remote session's keys: ``lease`` (string with a TTL the client refreshes), ``calls``
+    (list: signed requests), ``replies`` (list: signed replies, in call order)."""
+    return f"{PREFIX}session:{session_id}:{part}"

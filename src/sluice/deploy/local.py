@@ -47,6 +47,8 @@ class LocalCluster:
     children: list[Child] = field(default_factory=list)
     flower_user: str = "sluice"
     flower_password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+    #: Signs remote calls; the configured one, else a fresh one for this cluster.
+    remote_secret: str = ""
     skipped: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -57,9 +59,12 @@ class LocalCluster:
     def flower_url(self) -> str | None:
         return f"http://127.0.0.1:{self.flower_port}" if self.flower else None
 
+    def __post_init__(self) -> None:
+        self.remote_secret = self.remote_secret or self.settings.remote_secret or secrets.token_hex(32)
+
     def env(self) -> dict[str, str]:
-        """The environment that points a process at this cluster."""
-        return {"SLUICE_BROKER_URL": str(self.broker_url)}
+        """The environment that points a process at this cluster (and lets it sign remote calls)."""
+        return {"SLUICE_BROKER_URL": str(self.broker_url), "SLUICE_REMOTE_SECRET": self.remote_secret}
 
     def start(self) -> LocalCluster:
         if self.broker_url is None:
@@ -95,7 +100,8 @@ class LocalCluster:
 
     def _write_state(self) -> None:
         state = {"pid": os.getpid(), "broker_url": self.broker_url, "flower_url": self.flower_url,
-                 "app": self.app_module, "children": {c.name: c.process.pid for c in self.children}}
+                 "app": self.app_module, "children": {c.name: c.process.pid for c in self.children},
+                 "remote_secret": self.remote_secret}
         path = embedded_state_path(self.home)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

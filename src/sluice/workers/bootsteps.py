@@ -14,11 +14,13 @@ from typing import Any
 from celery import bootsteps
 from celery.worker import state
 
+from sluice.client.remote_routing import remote_catalog
 from sluice.errors import GpuUnavailable
 from sluice.queues.catalog import ResourceClass
 from sluice.tasks.escalation import Attempt
-from sluice.workers.gpu import gpu_count
+from sluice.workers.gpu import gpu_count, gpu_memory
 from sluice.workers.heartbeat import Heartbeat
+from sluice.workers.package_envs import EnvironmentCache
 from sluice.workers.reaper import OrphanReaper
 from sluice.workers.watchdog import MemoryWatchdog, Watched
 
@@ -48,6 +50,11 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
         if len(self.classes) == 1 and not kwargs.get("concurrency") and not kwargs.get("autoscale"):
             worker.concurrency = worker.min_concurrency = self.classes[0].slots
         self._limits: dict[str, Watched] = {}
+        settings = self.app.settings
+        self.remote = bool(settings.signing_secret()) and any(
+            rc.name in remote_catalog(self.app) for rc in self.classes)
+        self.envs = EnvironmentCache(settings.envs_path, settings.env_cache_size)
+        self.gpu_memory = gpu_memory() if gpu_classes else None
         self.app.worker_instance = self.instance = uuid.uuid4().hex
         self.threads: list[MemoryWatchdog | Heartbeat | OrphanReaper] = []
 
@@ -86,6 +93,9 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
             "classes": [rc.name for rc in self.classes],
             "slots": worker.concurrency,
             "running": [req.id for req in _active_requests()],
+            "remote": self.remote,
+            "envs": self.envs.held() if self.remote else [],
+            "gpu_memory": self.gpu_memory,
         }
 
     def _running(self) -> list[Watched]:

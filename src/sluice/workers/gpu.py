@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 from sluice.errors import ConfigurationError
+from sluice.units import parse_size
 
 
 def gpu_count() -> int:
@@ -24,3 +25,20 @@ def gpu_count() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def gpu_memory() -> int | None:
+    """Bytes of memory of the smallest GPU here (``SLUICE_GPU_MEMORY`` overrides); None if unknown."""
+    override = os.environ.get("SLUICE_GPU_MEMORY")
+    if override:
+        return parse_size(override, "SLUICE_GPU_MEMORY")
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    sizes = [int(line.strip()) << 20 for line in out.splitlines() if line.strip().isdigit()]  # MiB
+    return min(sizes) if sizes else None

@@ -1,0 +1,85 @@
+"""Where a remote call goes: the smallest class that takes remote calls and fits its memory and gpu,
+and within it a live worker that already holds the call's package environment when one does.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery.utils.nodenames import worker_direct
+
+from sluice.compute import Compute
+from sluice.errors import NoQueueFits
+from sluice.queues.catalog import Catalog, ResourceClass
+from sluice.workers.heartbeat import read_heartbeats
+
+if TYPE_CHECKING:
+    from sluice.app import App
+
+
+def remote_catalog(app: App) -> Catalog:
+    """The classes configured to run remote calls (``remote_classes``; default: all of them)."""
+    names = app.settings.remote_classes
+    if names is None:
+        return app.catalog
+    unknown = [n for n in names if n not in app.catalog]
+    if unknown:
+        raise NoQueueFits(f"remote_classes names {unknown}, which are not classes; classes: {app.catalog.names()}")
+    return Catalog(app.catalog.get(n) for n in names)
+
+
+def accepts_remote(app: App, routing_key: str, hostname: str | None) -> bool:
+    """Whether a message delivered on ``routing_key`` may run a remote call on this worker: a
+    remote class's queue, or this worker's own direct queue when it serves a remote class."""
+    catalog = remote_catalog(app)
+    if routing_key in catalog:
+        return True
+    if hostname and routing_key == worker_direct(hostname).name:
+        consumed = app.amqp.queues.consume_from or {}
+        return any(name in catalog for name in consumed)
+    return False
+
+
+def remote_class(app: App, memory: int, gpu: bool, what: str) -> ResourceClass:
+    """The smallest remote class whose slot holds ``memory`` (and a GPU when asked)."""
+    return remote_catalog(app).route(Compute.of(memory_bytes=memory, gpu=1 if gpu else None), what)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A call's destination: the queue to publish on, and the class whose slot sizes it."""
+
+    queue: Any
+    resource_class: ResourceClass
+    worker: str | None = None
+
+
+def choose_target(app: App, memory: int, gpu: bool, gpu_memory: int | None, env_key: str | None,
+                  what: str) -> Target:
+    """The class that fits; a live worker of a fitting class holding ``env_key`` (or, with
+    ``gpu_memory``, one whose GPU has that much) is chosen through its direct queue."""
+    home = remote_class(app, memory, gpu, what)
+    if env_key is None and gpu_memory is None:
+        return Target(home.name, home)
+    catalog = remote_catalog(app)
+    candidates = []
+    for beat in read_heartbeats(app.redis):
+        fitting = [catalog.get(c) for c in beat.get("classes", []) if c in catalog and _fits(catalog.get(c), memory, gpu)]
+        if not fitting or not beat.get("remote"):
+            continue
+        if gpu_memory is not None and (beat.get("gpu_memory") or 0) < gpu_memory:
+            continue
+        if env_key is not None and env_key not in beat.get("envs", []) and gpu_memory is None:
+            continue
+        candidates.append((env_key is not None and env_key in beat.get("envs", []), beat["hostname"], fitting[0]))
+    if not candidates:  # none live yet (a class scaled to zero): the class queue; workers check GPU memory
+        return Target(home.name, home)
+    best = max(c[0] for c in candidates)
+    _, hostname, rc = random.choice([c for c in candidates if c[0] == best])
+    return Target(worker_direct(hostname), rc, hostname)
+
+
+def _fits(rc: ResourceClass, memory: int, gpu: bool) -> bool:
+    return (rc.slot.memory_bytes or 0) >= memory and (rc.is_gpu or not gpu) and (gpu or not rc.is_gpu)

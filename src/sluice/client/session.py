@@ -1,0 +1,130 @@
+"""``sluice.session()``: one sandbox on one worker kept for several calls, so state survives.
+
+The session is a long task that holds a worker slot and a sandbox; calls reach it through a
+Redis list and replies come back through another, each signed like any remote call. The client
+keeps a lease alive while the block runs; when the block exits the session is closed, and when
+the client disappears the lease expires and the worker ends the session by itself. A session's
+calls are never retried on a memory kill: a fresh sandbox would have lost the session's state.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import json
+import threading
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sluice import keys
+from sluice.client.packages import normalize_packages
+from sluice.client.remote import Budget, RemoteCall, RemoteFunction, default_app, open_reply
+from sluice.client.serialization import loads, pack_call
+from sluice.client.signing import decode, encode, seal, unseal
+from sluice.errors import ConfigurationError, MemoryKilled
+from sluice.workers.remote_task import SESSION_TASK
+
+_current: contextvars.ContextVar[Session | None] = contextvars.ContextVar("sluice_session", default=None)
+
+#: Seconds a session outlives its client's last sign of life.
+LEASE_SECONDS = 10.0
+
+
+def current_session() -> Session | None:
+    """The session of the innermost ``with sluice.session(...)`` block, if any."""
+    return _current.get()
+
+
+class Session:
+    """A live session: ``s.call(f, *args)``, or call remote functions inside the ``with`` block."""
+
+    def __init__(self, packages: tuple[str, ...], budget: Budget, app: Any, lease: float) -> None:
+        self.id = uuid.uuid4().hex
+        self.packages = packages
+        self.budget = budget
+        self.app = app
+        self.lease = lease
+        self._numbers = itertools.count(1)
+        self._stop = threading.Event()
+        self.output: list[str] = []
+        self.limits: list[int] = []
+
+    def open(self) -> Session:
+        self._renew()
+        settings = self.app.settings
+        start = self.budget.start(settings.remote_memory)
+        probe = RemoteFunction(_session_marker, self.packages, self.budget, self.app)
+        fields = probe.fields(b"", start, stream=False) | {"function": f"session {self.id}", "session": self.id,
+                                                          "lease": self.lease}
+        self.handle: RemoteCall[Any] = probe.send(SESSION_TASK, fields, start)
+        threading.Thread(target=self._keep_alive, daemon=True, name=f"sluice-session-{self.id[:8]}").start()
+        return self
+
+    def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` in the session's sandbox and return its value."""
+        if isinstance(function, RemoteFunction):
+            missing = set(normalize_packages([*self.packages, *function.packages])) - set(self.packages)
+            if missing:
+                raise ConfigurationError(f"{function.name} needs {sorted(missing)}, which this session was not opened "
+                                         f"with (packages={list(self.packages)}); list them in sluice.session(packages=)")
+            function = function.function
+        number = next(self._numbers)
+        message = seal(self.app.settings.signing_secret(), {"n": number, "payload": encode(pack_call(function, args, kwargs))})
+        self.app.redis.rpush(keys.session(self.id, "calls"), json.dumps(message))
+        reply = self._reply(number)
+        self.output, self.limits = list(reply["output"]), list(reply["limits"])
+        if reply.get("error"):
+            raise MemoryKilled(reply["error"])
+        return open_reply(loads(decode(reply["payload"])), reply.get("worker"))
+
+    def _reply(self, number: int) -> dict[str, Any]:
+        secret = self.app.settings.signing_secret()
+        while True:
+            item = self.app.redis.blpop([keys.session(self.id, "replies")], timeout=0.5)
+            if item is not None:
+                reply = unseal(secret, json.loads(item[1]), f"the session {self.id} reply")
+                if reply["n"] == number:
+                    return reply
+            elif self.handle.result.ready():
+                self.handle.get(timeout=1)  # raises the session's failure
+                raise ConfigurationError(f"session {self.id} ended before replying to call {number}")
+
+    def close(self) -> None:
+        self._stop.set()
+        client = self.app.redis
+        client.rpush(keys.session(self.id, "calls"), json.dumps(seal(self.app.settings.signing_secret(), {"close": True})))
+        client.delete(keys.session(self.id, "lease"))
+        try:
+            self.handle.get(timeout=10)
+        except Exception:  # noqa: BLE001 - closing must not mask the block's own outcome
+            pass
+        client.delete(keys.session(self.id, "calls"), keys.session(self.id, "replies"))
+
+    def _renew(self) -> None:
+        self.app.redis.set(keys.session(self.id, "lease"), "1", px=int(self.lease * 1000))
+
+    def _keep_alive(self) -> None:
+        while not self._stop.wait(self.lease / 3):
+            self._renew()
+
+
+def _session_marker() -> None:
+    """Stands in for a function when a session's first message is built (it carries none)."""
+
+
+@contextmanager
+def session(*, packages: Iterable[str] | None = None, memory: int | str | None = None,
+            max_memory: int | str | None = None, gpu: bool | None = None, gpu_memory: int | str | None = None,
+            app: Any = None, lease: float = LEASE_SECONDS) -> Iterator[Session]:
+    """Keep one sandbox on one worker for the block; remote functions called inside run there."""
+    budget = Budget.of("session", memory, max_memory, gpu, gpu_memory)
+    live = Session(normalize_packages(packages), budget, app or default_app(), lease).open()
+    token = _current.set(live)
+    try:
+        yield live
+    finally:
+        _current.reset(token)
+        live.close()
+

@@ -1,0 +1,201 @@
+"""The worker side of a remote call: check it, prepare its packages, run it in a sandbox.
+
+Order matters for safety: the signature and the Python version are checked, and the queue is
+checked to be one that takes remote calls, before any byte of the payload is unpickled (the
+payload is only ever unpickled inside the sandbox).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+from celery.exceptions import Retry
+
+from sluice import keys
+from sluice.client.packages import normalize_packages, plan_install
+from sluice.client.serialization import python_version
+from sluice.client.remote_routing import accepts_remote, remote_class
+from sluice.client.signing import decode, encode, seal, unseal
+from sluice.compute import Compute
+from sluice.errors import InvalidRequestError, MemoryExhausted
+from sluice.queues.routing import COMPUTE_HEADER
+from sluice.tasks.escalation import ATTEMPT_HEADER, Attempt
+from sluice.units import format_size
+from sluice.workers.gpu import gpu_memory
+from sluice.workers.package_envs import EnvironmentCache, base_distributions
+from sluice.workers.sandbox import Sandbox, SandboxDied, warm_spare
+
+log = logging.getLogger("sluice.remote")
+
+REMOTE_TASK = "sluice.remote.call"
+SESSION_TASK = "sluice.remote.session"
+#: Header of a retried call: the memory limit its fresh sandbox starts at, and why it was retried.
+START_HEADER = "sluice_remote_start"
+REASON_HEADER = "sluice_remote_reason"
+OUTPUT_TTL = 3600
+
+
+@dataclass
+class CallOutput:
+    """The call's output lines, kept for the reply and pushed to Redis when the caller streams."""
+
+    client: Any
+    key: str
+    stream: bool
+    lines: list[str] = field(default_factory=list)
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+        if self.stream:
+            self.client.pipeline().rpush(self.key, line).expire(self.key, OUTPUT_TTL).execute()
+
+    def take(self) -> list[str]:
+        """The lines so far, forgetting them (a session replies with each call's own lines)."""
+        lines, self.lines = self.lines, []
+        return lines
+
+
+def check_call(app: Any, request: Any, call: object) -> dict[str, Any]:
+    """The call's fields once its signature, Python version, queue and GPU memory are acceptable."""
+    fields = unseal(app.settings.signing_secret(), call)
+    if fields.get("python") != python_version():
+        raise InvalidRequestError(
+            f"refusing remote call {fields.get('function')}: the client runs Python {fields.get('python')} and this "
+            f"worker runs Python {python_version()}; cloudpickle needs the same major.minor on both sides "
+            f"(use a worker image with Python {fields.get('python')}, or call from Python {python_version()})")
+    queue = (request.delivery_info or {}).get("routing_key") or ""
+    if not accepts_remote(app, queue, request.hostname):
+        raise InvalidRequestError(f"refusing remote call {fields.get('function')} on queue {queue!r}: it does not take "
+                                  f"remote calls (remote_classes: {app.settings.remote_classes or 'all classes'})")
+    wanted, have = fields.get("gpu_memory"), gpu_memory()
+    if wanted and have is not None and have < wanted:
+        raise InvalidRequestError(f"refusing remote call {fields.get('function')}: it reserves {format_size(wanted)} "
+                                  f"of GPU memory and this worker's GPU has {format_size(have)}")
+    return fields
+
+
+@dataclass(frozen=True)
+class Room:
+    """How big a sandbox may start and grow on this worker."""
+
+    start: int
+    hard_max: int   #: the call's max_memory, else a share of the slot
+    here: int       #: what this worker's slot has left beside the pool process
+
+    @property
+    def ceiling(self) -> int:
+        return min(self.hard_max, self.here)
+
+
+@contextmanager
+def prepared(task: Any, fields: dict[str, Any], output: CallOutput) -> Iterator[tuple[Path | None, Room]]:
+    """Validate the package list again, report what the base image provides, and yield the
+    environment (installed or cached) and the room for the sandbox."""
+    app, request, settings = task.app, task.request, task.app.settings
+    packages = normalize_packages(fields["packages"])
+    plan = plan_install(packages, base_distributions())
+    for line in plan.ignored:
+        output(line)
+    if not plan.install:
+        for module in fields.get("hints") or []:
+            if importlib.util.find_spec(module) is None:
+                output(f"sluice: the function imports {module}, which this worker does not have; list it in packages=")
+    slot = Attempt.of(task, vars(request), request.delivery_info).compute.memory_bytes or fields["memory"]
+    room = Room(int(getattr(request, START_HEADER, None) or fields["memory"]),
+                fields.get("max_memory") or int(slot * settings.remote_memory_share),
+                slot - psutil.Process().memory_info().rss)
+    cache = EnvironmentCache(settings.envs_path, settings.env_cache_size, settings.fresh_env_per_call)
+    with cache.environment(plan, output) as env:
+        if env is not None:
+            cache.remember(packages, plan)
+        yield env, room
+
+
+def sandbox(env: Path | None, start: int, room: Room, settings: Any, output: CallOutput) -> Sandbox:
+    return Sandbox(env, start, room.ceiling, output, settings.remote_growth_threshold, settings.remote_growth_factor)
+
+
+def run_remote(task: Any, call: dict[str, Any]) -> dict[str, Any]:
+    """Bound Celery task body (registered by every sluice App under ``REMOTE_TASK``)."""
+    app, request, settings = task.app, task.request, task.app.settings
+    fields = check_call(app, request, call)
+    output = CallOutput(app.redis, keys.remote_output(request.id), bool(fields.get("stream")))
+    attempt = int(getattr(request, ATTEMPT_HEADER, None) or 1)
+    if attempt > 1:
+        output(f"sluice: retry (attempt 2 of 2) in a fresh sandbox: the previous attempt's sandbox "
+               f"{getattr(request, REASON_HEADER, None) or 'ended without a complete response'}")
+    with prepared(task, fields, output) as (env, room):
+        start = room.start
+        while True:
+            try:
+                with sandbox(env, start, room, settings, output) as box:
+                    reply = box.call(decode(fields["payload"]))
+                if not settings.fresh_env_per_call:
+                    warm_spare(env)
+                return seal(settings.signing_secret(), {
+                    "payload": encode(reply), "output": output.lines, "limits": box.limits,
+                    "attempt": attempt, "worker": request.hostname})
+            except SandboxDied as died:
+                if attempt >= 2:
+                    raise MemoryExhausted(
+                        f"remote call {fields['function']} ended without a complete response twice; last: the sandbox "
+                        f"{died}. Raise memory=/max_memory= (now {format_size(fields['memory'])}/"
+                        f"{format_size(room.hard_max)}), or make the function use less\n" + "\n".join(output.lines)
+                    ) from None
+                attempt, start = 2, min(int((died.killed_at or start) * settings.remote_growth_factor), room.hard_max)
+                if start > room.here:
+                    _republish(task, fields, start, str(died))
+                output(f"sluice: retrying once (attempt 2 of 2) in a fresh sandbox at {format_size(start)}: "
+                       f"the sandbox {died}")
+
+
+def run_session(task: Any, call: dict[str, Any]) -> dict[str, Any]:
+    """Bound Celery task body for ``SESSION_TASK``: one sandbox serving a session's calls until the
+    client closes it or its lease expires. A sandbox that dies ends the session (never retried)."""
+    app, request, settings = task.app, task.request, task.app.settings
+    fields = check_call(app, request, call)
+    secret, session = settings.signing_secret(), str(fields["session"])
+    calls, replies, lease = (keys.session(session, part) for part in ("calls", "replies", "lease"))
+    output = CallOutput(app.redis, keys.remote_output(request.id), False)
+    served = 0
+    with prepared(task, fields, output) as (env, room), sandbox(env, room.start, room, settings, output) as box:
+        while app.redis.exists(lease):
+            item = app.redis.blpop([calls], timeout=1)
+            if item is None:
+                continue
+            message = unseal(secret, json.loads(item[1]), f"a call of session {session}")
+            if message.get("close"):
+                return {"session": session, "calls": served, "ended": "closed by the client"}
+            reply: dict[str, Any] = {"n": message["n"], "worker": request.hostname}
+            try:
+                reply["payload"] = encode(box.call(decode(message["payload"])))
+            except SandboxDied as died:
+                reply["error"] = (f"session {session}: the sandbox {died}; calls in a session are never retried "
+                                  "(a new sandbox would lose the session's state), and the session has ended")
+            served += 1
+            app.redis.rpush(replies, json.dumps(seal(secret, reply | {"output": output.take(), "limits": box.limits})))
+            if "error" in reply:
+                return {"session": session, "calls": served, "ended": reply["error"]}
+    return {"session": session, "calls": served, "ended": "lease expired (the client went away)"}
+
+
+def _republish(task: Any, fields: dict[str, Any], start: int, reason: str) -> None:
+    """Send the retry to a class whose slot holds ``start``: this worker cannot."""
+    request = task.request
+    target = remote_class(task.app, start, bool(fields.get("gpu")), fields["function"])
+    headers = {**(request.headers or {}), ATTEMPT_HEADER: 2, START_HEADER: start, REASON_HEADER: reason,
+               COMPUTE_HEADER: Compute.of(memory_bytes=target.slot.memory_bytes, gpu=target.slot.gpu).to_dict()}
+    task.signature_from_request(request, queue=target.name, headers=headers).apply_async()
+    line = (f"remote call {fields['function']}[{request.id}]: the sandbox {reason}; retrying once at "
+            f"{format_size(start)} on {target.name} (attempt 2 of 2)")
+    log.warning(line)
+    raise Retry(line)
+
