@@ -22,10 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    """One redis-server for the session; SLUICE_BROKER_URL points every app and worker at it."""
+    """One redis-server for the session; SLUICE_BROKER_URL points every app and worker at it (and
+    one remote-call signing secret is shared by the tests and their workers)."""
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
     os.environ["SLUICE_BROKER_URL"] = server.url
     os.environ["SLUICE_HOME"] = str(tmp_path_factory.mktemp("sluice-home"))
+    os.environ["SLUICE_REMOTE_SECRET"] = "sluice-tests-signing-secret"
     yield server
     server.stop()
 

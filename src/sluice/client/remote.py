@@ -9,6 +9,8 @@ gpu to the smallest class that takes remote calls.
 from __future__ import annotations
 
 import functools
+import linecache
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -113,7 +115,7 @@ class RemoteFunction(Generic[P, R]):
         message = seal(app.settings.signing_secret(), fields)
         slot = Compute.of(memory_bytes=target.resource_class.slot.memory_bytes, gpu=target.resource_class.slot.gpu)
         result = app.send_task(task_name, args=[message], queue=target.queue, headers={COMPUTE_HEADER: slot.to_dict()})
-        return RemoteCall(result, self.name, app, bool(fields.get("stream")))
+        return RemoteCall(result, self.name, app, bool(fields.get("stream")), _source_file(self.function))
 
     delay = spawn
 
@@ -135,9 +137,10 @@ class RemoteCall(Generic[R]):
     """A call in flight. After :meth:`get`: ``output`` (its lines), ``limits`` (the memory limits
     its sandbox went through), ``attempt`` and ``worker``."""
 
-    def __init__(self, result: AsyncResult, name: str, app: Any, stream: bool) -> None:
+    def __init__(self, result: AsyncResult, name: str, app: Any, stream: bool, source: str | None = None) -> None:
         self.result = result
         self.name = name
+        self.source = source
         self.app = app
         self.stream = stream
         self.output: list[str] = []
@@ -179,18 +182,40 @@ class RemoteCall(Generic[R]):
         fields = unseal(self.app.settings.signing_secret(), reply, f"the reply to {self.name}")
         self.output, self.limits = list(fields["output"]), list(fields["limits"])
         self.attempt, self.worker = int(fields["attempt"]), fields.get("worker")
-        return open_reply(loads(decode(fields["payload"])), self.worker)
+        return open_reply(loads(decode(fields["payload"])), self.worker, self.source)
 
 
-def open_reply(outcome: tuple[Any, ...], worker: str | None) -> Any:
-    """``("ok", value)`` -> value; ``("err", ...)`` -> raise the remote exception here."""
+def open_reply(outcome: tuple[Any, ...], worker: str | None, source: str | None = None) -> Any:
+    """``("ok", value)`` -> value; ``("err", ...)`` -> raise the remote exception here, with the
+    remote traceback attached (lines of code sent by value are shown from ``source``)."""
     if outcome[0] == "ok":
         return outcome[1]
     if outcome[1] is None:  # an exception that did not pickle: its text travelled instead
-        raise RemoteError(f"{outcome[2]}\nremote traceback (worker {worker}):\n{outcome[3]}")
+        raise RemoteError(f"{outcome[2]}\nremote traceback (worker {worker}):\n{localize(outcome[3], source)}")
     exc: BaseException = outcome[1]
-    exc.add_note(f"remote traceback (worker {worker}):\n{outcome[2]}")
+    exc.add_note(f"remote traceback (worker {worker}):\n{localize(outcome[2], source)}")
     raise exc
+
+
+_DYNAMIC_FRAME = re.compile(r'^  File "<dynamic-code>", line (\d+), in (.+)$')
+
+
+def localize(traceback_text: str, source: str | None) -> str:
+    """cloudpickle names code sent by value ``<dynamic-code>`` (line numbers are kept): name the
+    caller's file instead and show the line, as a local traceback would."""
+    if not source:
+        return traceback_text
+    lines = []
+    for line in traceback_text.splitlines():
+        match = _DYNAMIC_FRAME.match(line)
+        code = linecache.getline(source, int(match[1])).strip() if match else ""
+        lines.append(f'  File "{source}", line {match[1]}, in {match[2]}\n    {code}' if match and code else line)
+    return "\n".join(lines)
+
+
+def _source_file(function: Any) -> str | None:
+    code = getattr(function, "__code__", None)
+    return code.co_filename if code is not None else None
 
 
 def remote(function: Callable[P, R] | None = None, *, packages: Iterable[str] | None = None,

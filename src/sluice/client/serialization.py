@@ -107,11 +107,18 @@ def _short_repr(obj: object, limit: int = 120) -> str:
 
 
 def import_hints(function: Any) -> list[str]:
-    """Top-level modules the function imports or uses as globals: sent so workers can prepare them."""
+    """Top-level modules the function imports or uses (as globals or closure variables): sent so
+    workers can say early what they lack."""
     code = getattr(function, "__code__", None)
     if code is None:
         return []
     names: set[str] = set()
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            if isinstance(cell.cell_contents, types.ModuleType):
+                names.add(cell.cell_contents.__name__.split(".")[0])
+        except ValueError:  # an empty cell
+            continue
     for each in _code_objects(code):
         for instruction in dis.get_instructions(each):
             if instruction.opname == "IMPORT_NAME" and instruction.argval:

@@ -64,12 +64,14 @@ class Session:
 
     def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` in the session's sandbox and return its value."""
+        source = getattr(getattr(function, "__code__", None), "co_filename", None)
         if isinstance(function, RemoteFunction):
             missing = set(normalize_packages([*self.packages, *function.packages])) - set(self.packages)
             if missing:
                 raise ConfigurationError(f"{function.name} needs {sorted(missing)}, which this session was not opened "
                                          f"with (packages={list(self.packages)}); list them in sluice.session(packages=)")
             function = function.function
+            source = function.__code__.co_filename
         number = next(self._numbers)
         message = seal(self.app.settings.signing_secret(), {"n": number, "payload": encode(pack_call(function, args, kwargs))})
         self.app.redis.rpush(keys.session(self.id, "calls"), json.dumps(message))
@@ -77,7 +79,7 @@ class Session:
         self.output, self.limits = list(reply["output"]), list(reply["limits"])
         if reply.get("error"):
             raise MemoryKilled(reply["error"])
-        return open_reply(loads(decode(reply["payload"])), reply.get("worker"))
+        return open_reply(loads(decode(reply["payload"])), reply.get("worker"), source)
 
     def _reply(self, number: int) -> dict[str, Any]:
         secret = self.app.settings.signing_secret()

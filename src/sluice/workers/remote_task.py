@@ -41,6 +41,9 @@ SESSION_TASK = "sluice.remote.session"
 START_HEADER = "sluice_remote_start"
 REASON_HEADER = "sluice_remote_reason"
 OUTPUT_TTL = 3600
+#: Kept free between a sandbox's ceiling and the slot, so the sandbox monitor acts before the
+#: worker's watchdog would kill the whole pool process (which measures the two together).
+WATCHDOG_MARGIN = 32 << 20
 
 
 @dataclass
@@ -111,7 +114,7 @@ def prepared(task: Any, fields: dict[str, Any], output: CallOutput) -> Iterator[
     slot = Attempt.of(task, vars(request), request.delivery_info).compute.memory_bytes or fields["memory"]
     room = Room(int(getattr(request, START_HEADER, None) or fields["memory"]),
                 fields.get("max_memory") or int(slot * settings.remote_memory_share),
-                slot - psutil.Process().memory_info().rss)
+                slot - psutil.Process().memory_info().rss - WATCHDOG_MARGIN)
     cache = EnvironmentCache(settings.envs_path, settings.env_cache_size, settings.fresh_env_per_call)
     with cache.environment(plan, output) as env:
         if env is not None:

@@ -1,0 +1,433 @@
+"""Remote functions against real workers: the reference's examples, package environments built
+with uv from a wheel the tests build, memory growth, kills and the one retry, signatures,
+sessions, streaming, and routing by memory, gpu memory and held environments."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.result import AsyncResult
+
+import sluice
+from sluice import App, Settings
+from sluice.client.packages import environment_key
+from sluice.client.remote import default_app
+from sluice.client.signing import seal
+from sluice.errors import (
+    ConfigurationError,
+    InvalidRequestError,
+    MemoryExhausted,
+    MemoryKilled,
+    RemoteError,
+    SerializationError,
+)
+from sluice.queues.routing import COMPUTE_HEADER
+from sluice.workers.remote_task import REMOTE_TASK
+from tests.conftest import ROOT, Workers, wait_for
+from tests.wheels import build_wheel
+
+Mi = 1 << 20
+CALL_TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of wheels uv installs from, offline: tiny-pkg, and nothing for 'no-such-pkg'."""
+    directory = tmp_path_factory.mktemp("wheels")
+    build_wheel(directory, "tiny_pkg", "1.0", "VALUE = 42\n\ndef where():\n    return __file__\n")
+    return directory
+
+
+def offline_uv(wheelhouse: Path, cache: Path) -> dict[str, str]:
+    return {"UV_NO_INDEX": "1", "UV_FIND_LINKS": str(wheelhouse), "UV_CACHE_DIR": str(cache)}
+
+
+@pytest.fixture(scope="module")
+def remote_workers(redis_server: Any, wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    """A cpu worker (cached environments) and a highmem worker (a fresh install per call)."""
+    client = redis_server.client()
+    client.flushdb()
+    logs = tmp_path_factory.mktemp("remote-logs")
+    pool = Workers(client, logs)
+    uv = offline_uv(wheelhouse, tmp_path_factory.mktemp("uv-cache"))
+    pool.start("tests.apps.remote_app", "cpu", "rcpu", env=uv | {"SLUICE_ENV_DIR": str(logs / "envs-cpu")})
+    pool.start("tests.apps.remote_app", "highmem", "rhigh",
+               env=uv | {"SLUICE_ENV_DIR": str(logs / "envs-high"), "SLUICE_FRESH_ENV_PER_CALL": "1"})
+    yield pool
+    pool.stop_all()
+
+
+# ---- the reference's examples -----------------------------------------------------------------
+
+def test_reference_packages_example_ignores_what_the_base_image_provides(remote_workers: Workers) -> None:
+    import numpy
+
+    @sluice.remote(packages=["requests", "numpy==1.26.0"])
+    def fetch(url: str) -> tuple[str, str]:
+        import numpy
+        import requests
+        return url, f"{requests.__name__} {numpy.__version__}"
+
+    call = fetch.spawn("http://example.invalid")
+    assert call.get(timeout=CALL_TIMEOUT) == ("http://example.invalid", f"requests {numpy.__version__}")
+    assert f"ignored numpy==1.26.0: already provided by the base image (version {numpy.__version__})" in call.output
+    assert any(line.startswith("ignored requests: already provided by the base image (version ") for line in call.output)
+    assert not any(line.startswith("installing") for line in call.output)
+
+
+def test_reference_budget_example_runs_and_bad_ceiling_fails_at_decoration(remote_workers: Workers) -> None:
+    @sluice.remote(memory="2Gi", max_memory="8Gi")
+    def crunch(rows: list[int]) -> int:
+        return sum(rows)
+
+    call = crunch.spawn([1, 2, 3])
+    assert call.get(timeout=CALL_TIMEOUT) == 6
+    assert call.worker == "rcpu@test"        # 2Gi fits the cpu class's 2Gi slot
+    assert call.limits[0] < 2 << 30          # capped by what the slot has left beside the pool process
+    with pytest.raises(ConfigurationError, match="max_memory=2Gi is below memory=8Gi"):
+        @sluice.remote(memory="8Gi", max_memory="2Gi")
+        def too_small(rows: list[int]) -> None: ...
+
+
+def test_calls_spawn_map_and_remote_exceptions(remote_workers: Workers) -> None:
+    @sluice.remote
+    def square(x: int) -> int:
+        print(f"squaring {x}")
+        return x * x
+
+    assert square(7) == 49
+    handle = square.delay(3)
+    assert handle.get(timeout=CALL_TIMEOUT) == 9 and handle.output == ["squaring 3"]
+    assert square.map(range(6), timeout=CALL_TIMEOUT) == [0, 1, 4, 9, 16, 25]
+
+    @sluice.remote
+    def fails(x: int) -> None:
+        raise KeyError(f"no row {x}")
+
+    with pytest.raises(KeyError, match="no row 5") as err:
+        fails(5)
+    notes = "\n".join(getattr(err.value, "__notes__", []))
+    assert "remote traceback (worker rcpu@test)" in notes and 'raise KeyError(f"no row {x}")' in notes
+
+
+def test_an_exception_that_cannot_be_rebuilt_here_arrives_as_remote_error(remote_workers: Workers) -> None:
+    @sluice.remote
+    def raises_unpicklable() -> None:
+        import threading
+
+        class Odd(Exception):
+            def __init__(self) -> None:
+                super().__init__("odd failure")
+                self.lock = threading.Lock()
+        raise Odd()
+
+    with pytest.raises(RemoteError, match=r"Odd: odd failure[\s\S]*remote traceback"):
+        raises_unpicklable()
+
+
+def test_live_resources_fail_before_anything_is_sent(remote_workers: Workers, tmp_path: Path) -> None:
+    client = remote_workers.client
+    before = client.llen("cpu")
+    with open(tmp_path / "x", "w") as handle:
+        @sluice.remote
+        def write(f: Any) -> None: ...
+
+        with pytest.raises(SerializationError, match="argument 1: cannot send <_io.TextIOWrapper"):
+            write(handle)
+    assert client.llen("cpu") == before
+
+
+def test_a_call_times_out_on_the_client_without_losing_the_call(remote_workers: Workers) -> None:
+    @sluice.remote
+    def slow() -> str:
+        import time
+        time.sleep(1.5)
+        return "done"
+
+    call = slow.spawn()
+    with pytest.raises(TimeoutError, match="did not finish within 0.2s"):
+        call.get(timeout=0.2)
+    assert call.get(timeout=CALL_TIMEOUT) == "done"
+
+
+# ---- packages ---------------------------------------------------------------------------------
+
+def test_a_local_wheel_is_installed_once_then_served_from_the_cache(remote_workers: Workers) -> None:
+    @sluice.remote(packages=["tiny_pkg==1.0"])
+    def use_tiny() -> tuple[int, str]:
+        import tiny_pkg
+        return tiny_pkg.VALUE, tiny_pkg.where()
+
+    first = use_tiny.spawn()
+    value, where = first.get(timeout=CALL_TIMEOUT)
+    assert value == 42 and "envs-" in where      # imported from the environment, not the base image
+    assert any(line.startswith("installing tiny_pkg==1.0") for line in first.output)
+    second = use_tiny.spawn()
+    assert second.get(timeout=CALL_TIMEOUT)[0] == 42
+    assert not any(line.startswith("installing") for line in second.output)
+    assert any(line.startswith("using cached environment") for line in second.output)
+
+
+def test_fresh_env_per_call_installs_every_time(remote_workers: Workers) -> None:
+    @sluice.remote(packages=["tiny-pkg"], memory="8Gi")   # 8Gi routes to highmem, set to install per call
+    def use_tiny() -> str:
+        import tiny_pkg
+        return tiny_pkg.where()
+
+    paths = []
+    for _ in range(2):
+        call = use_tiny.spawn()
+        paths.append(call.get(timeout=CALL_TIMEOUT))
+        assert call.worker == "rhigh@test"
+        assert any(line.startswith("installing tiny-pkg") for line in call.output)
+    assert paths[0] != paths[1] and not any(Path(p).exists() for p in paths)   # removed after each call
+
+
+def test_an_install_failure_raises_invalid_request_with_the_installer_output(remote_workers: Workers) -> None:
+    @sluice.remote(packages=["no-such-pkg==9.9"])
+    def needs_missing() -> None: ...
+
+    with pytest.raises(InvalidRequestError) as err:
+        needs_missing.spawn().get(timeout=CALL_TIMEOUT)
+    message = str(err.value)
+    assert "installing no-such-pkg==9.9 failed (uv exit" in message
+    assert "no-such-pkg" in message.split("failed", 1)[1]   # uv's own explanation follows
+
+
+def test_the_worker_holding_an_environment_is_preferred(remote_workers: Workers, wheelhouse: Path,
+                                                        tmp_path: Path) -> None:
+    """A second cpu worker with its own (empty) environment directory: once rcpu holds tiny-pkg's
+    environment and says so in its heartbeat, every call with that package list goes to rcpu."""
+    @sluice.remote(packages=["tiny_pkg==1.0"])
+    def use_tiny() -> int:
+        import tiny_pkg
+        return tiny_pkg.VALUE
+
+    assert use_tiny.spawn().get(timeout=CALL_TIMEOUT) == 42   # rcpu is the only cpu worker yet
+    remote_workers.start("tests.apps.remote_app", "cpu", "rcpu2",
+                         env=offline_uv(wheelhouse, tmp_path / "uv") | {"SLUICE_ENV_DIR": str(tmp_path / "envs")})
+    key = environment_key(("tiny_pkg==1.0",))
+    wait_for(lambda: key in remote_workers.heartbeat("rcpu").get("envs", []), 30, "rcpu to advertise the environment")
+    assert key not in remote_workers.heartbeat("rcpu2").get("envs", [])
+    calls = [use_tiny.spawn() for _ in range(6)]
+    assert [c.get(timeout=CALL_TIMEOUT) for c in calls] == [42] * 6
+    assert {c.worker for c in calls} == {"rcpu@test"}
+
+
+# ---- memory -----------------------------------------------------------------------------------
+
+def grow(megabytes: int) -> int:
+    """Allocate steadily, 4 MiB at a time, and touch every page."""
+    import time
+    blocks = []
+    for _ in range(megabytes // 4):
+        blocks.append(bytearray(b"\x01" * (4 << 20)))
+        time.sleep(0.01)
+    return len(blocks) * 4
+
+
+def test_early_growth_raises_the_limit_instead_of_killing(remote_workers: Workers) -> None:
+    grower = sluice.remote(memory="64Mi", max_memory="512Mi")(grow)
+    call = grower.spawn(200)
+    assert call.get(timeout=CALL_TIMEOUT) == 200
+    assert call.limits[:3] == [64 * Mi, 128 * Mi, 256 * Mi]   # doubled at 90%, never killed
+    assert call.attempt == 1
+    assert any("passed 90% of the 64Mi limit; limit raised to 128Mi" in line for line in call.output)
+
+
+def test_past_max_memory_the_call_is_killed_retried_once_then_fails(remote_workers: Workers) -> None:
+    grower = sluice.remote(memory="64Mi", max_memory="128Mi")(grow)
+    started = time.monotonic()
+    with pytest.raises(MemoryExhausted) as err:
+        grower.spawn(400).get(timeout=CALL_TIMEOUT)
+    message = str(err.value)
+    assert "ended without a complete response twice" in message
+    assert "killed for memory" in message and "over its limit of 128Mi" in message
+    assert "retrying once (attempt 2 of 2) in a fresh sandbox at 128Mi" in message
+    assert time.monotonic() - started < CALL_TIMEOUT
+
+
+def test_a_retry_that_needs_a_bigger_class_is_escalated_there(redis_server: Any, workers: Workers) -> None:
+    from tests.apps.remote_ladder import app as ladder
+
+    workers.start("tests.apps.remote_ladder", "rsmall", "rsmall")
+    workers.start("tests.apps.remote_ladder", "rbig", "rbig")
+    grower = sluice.remote(memory="96Mi", max_memory="700Mi", app=ladder)(grow)
+    call = grower.spawn(360)
+    assert call.get(timeout=CALL_TIMEOUT) == 360
+    assert call.worker == "rbig@test" and call.attempt == 2
+    assert call.output[0].startswith("sluice: retry (attempt 2 of 2) in a fresh sandbox: the previous attempt's "
+                                     "sandbox killed for memory")
+    assert AsyncResult(call.id, app=ladder).state == "SUCCESS"
+    assert "retrying once at" in workers.log("rsmall") and "on rbig (attempt 2 of 2)" in workers.log("rsmall")
+
+
+# ---- security ---------------------------------------------------------------------------------
+
+class LeavesATrace:
+    """Unpickling this creates a file: proof that a payload was (or was not) unpickled."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.path,))
+
+
+def _send_raw(message: dict[str, Any], queue: str = "cpu") -> AsyncResult:
+    app = default_app()
+    return app.send_task(REMOTE_TASK, args=[message], queue=queue, headers={COMPUTE_HEADER: {"memory": 2 << 30}})
+
+
+def _fields(payload: bytes, **changes: Any) -> dict[str, Any]:
+    fn = sluice.remote(print)
+    return fn.fields(payload, 64 * Mi, stream=False) | changes
+
+
+def test_tampered_or_unsigned_payloads_are_refused_without_unpickling(remote_workers: Workers, tmp_path: Path) -> None:
+    secret = default_app().settings.signing_secret()
+    honest = pickle.dumps((print, (LeavesATrace(tmp_path / "honest"),), {}))
+    evil = pickle.dumps((print, (LeavesATrace(tmp_path / "evil"),), {}))
+    signed = seal(secret, _fields(honest))
+    tampered = {**signed, "payload": _fields(evil)["payload"]}
+    unsigned = {k: v for k, v in seal(secret, _fields(evil)).items() if k != "sig"}
+    other_secret = seal("not-the-shared-secret", _fields(evil))
+    for message, reason in ((tampered, "signature does not match"), (unsigned, "not signed"),
+                            (other_secret, "signature does not match")):
+        with pytest.raises(InvalidRequestError, match=reason):
+            _send_raw(message).get(timeout=CALL_TIMEOUT)
+    assert not (tmp_path / "evil").exists()
+    _send_raw(signed).get(timeout=CALL_TIMEOUT)          # the control: a signed payload is unpickled
+    assert (tmp_path / "honest").exists()
+
+
+def test_python_version_mismatch_is_a_clear_error(remote_workers: Workers, tmp_path: Path) -> None:
+    secret = default_app().settings.signing_secret()
+    message = seal(secret, _fields(pickle.dumps((print, (LeavesATrace(tmp_path / "trace"),), {})), python="3.99"))
+    ours = f"{sys.version_info.major}.{sys.version_info.minor}"
+    with pytest.raises(InvalidRequestError, match=f"client runs Python 3.99 and this worker runs Python {ours}"):
+        _send_raw(message).get(timeout=CALL_TIMEOUT)
+    assert not (tmp_path / "trace").exists()
+
+
+def test_queues_not_configured_for_remote_calls_refuse_them(remote_workers: Workers, tmp_path: Path) -> None:
+    remote_workers.start("tests.apps.remote_app", "reports", "rreports", plain_celery=True)  # a non-class queue
+    secret = default_app().settings.signing_secret()
+    message = seal(secret, _fields(pickle.dumps((print, (LeavesATrace(tmp_path / "trace"),), {}))))
+    with pytest.raises(InvalidRequestError, match=r"on queue 'reports': it does not take remote calls"):
+        _send_raw(message, queue="reports").get(timeout=CALL_TIMEOUT)
+    assert not (tmp_path / "trace").exists()
+    only_highmem = App("tests.remote_classes", settings=Settings.load(env=os.environ | {"SLUICE_REMOTE_CLASSES": "highmem"}))
+    call = sluice.remote(memory="64Mi", app=only_highmem)(lambda: "ok").spawn()
+    assert call.get(timeout=CALL_TIMEOUT) == "ok" and call.worker == "rhigh@test"  # not the smaller cpu class
+
+
+# ---- sessions ---------------------------------------------------------------------------------
+
+def test_a_session_keeps_state_between_calls(remote_workers: Workers) -> None:
+    @sluice.remote
+    def count() -> int:
+        global calls_seen
+        calls_seen = globals().get("calls_seen", 0) + 1
+        return calls_seen
+
+    @sluice.remote
+    def pid() -> int:
+        import os
+        return os.getpid()
+
+    assert count() == 1 and count() == 1          # each plain call has a fresh sandbox
+    with sluice.session(memory="256Mi") as s:
+        assert [count(), count(), count()] == [1, 2, 3]
+        assert len({pid(), pid(), s.call(os.getpid)}) == 1
+    with sluice.session(memory="256Mi"):
+        assert count() == 1                       # a new session, a new sandbox
+
+
+def test_a_session_call_killed_for_memory_is_not_retried(remote_workers: Workers) -> None:
+    with sluice.session(memory="64Mi", max_memory="128Mi") as s:
+        assert s.call(lambda: "warm") == "warm"
+        with pytest.raises(MemoryKilled, match="calls in a session are never retried"):
+            s.call(grow, 400)
+
+
+def test_a_session_ends_when_its_client_disappears(remote_workers: Workers) -> None:
+    script = ("import sluice, sys, time\n"
+              "with sluice.session(memory='128Mi', lease=2.0) as s:\n"
+              "    assert s.call(abs, -1) == 1\n"
+              "    print(s.handle.id, flush=True)\n"
+              "    time.sleep(600)\n")
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                              env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert client.stdout is not None
+    session_task = client.stdout.readline().strip()
+    assert session_task, "the client did not open its session"
+    os.kill(client.pid, signal.SIGKILL)
+    client.wait(10)
+    ended = AsyncResult(session_task, app=default_app()).get(timeout=30)
+    assert ended["ended"] == "lease expired (the client went away)" and ended["calls"] == 1
+
+
+# ---- streaming and gpu ------------------------------------------------------------------------
+
+def test_stream_logs_prints_output_while_the_call_runs(remote_workers: Workers, tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    streaming = App("tests.streaming", settings=Settings.load(env=os.environ | {"SLUICE_STREAM_LOGS": "1"}))
+    flag = tmp_path / "go"
+
+    @sluice.remote(app=streaming)
+    def waits(path: str) -> str:
+        import os
+        import time
+        print("waiting for the flag", flush=True)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return "saw it"
+
+    call = waits.spawn(str(flag))
+    result: list[str] = []
+    waiter = threading.Thread(target=lambda: result.append(call.get(timeout=CALL_TIMEOUT)))
+    waiter.start()
+    seen = ""
+
+    def streamed() -> bool:
+        nonlocal seen
+        seen += capfd.readouterr().err
+        return "waiting for the flag" in seen
+
+    wait_for(streamed, 30, "the function's output to reach the caller before it returns")
+    assert not result                               # still running: the line was streamed, not returned
+    flag.touch()
+    waiter.join(CALL_TIMEOUT)
+    assert result == ["saw it"]
+
+
+def test_gpu_memory_chooses_a_worker_with_enough(remote_workers: Workers) -> None:
+    remote_workers.start("tests.apps.remote_app", "gpu", "rgpu", env={"SLUICE_GPU_COUNT": "1", "SLUICE_GPU_MEMORY": "16Gi"})
+    wait_for(lambda: remote_workers.heartbeat("rgpu").get("gpu_memory") == 16 << 30, 30, "the gpu heartbeat")
+
+    @sluice.remote(gpu_memory="8Gi")
+    def on_gpu() -> str:
+        return "trained"
+
+    call = on_gpu.spawn()
+    assert call.get(timeout=CALL_TIMEOUT) == "trained" and call.worker == "rgpu@test"
+    with pytest.raises(InvalidRequestError, match=r"reserves 32Gi of GPU memory and this worker's GPU has 16Gi"):
+        sluice.remote(gpu_memory="32Gi")(lambda: None).spawn().get(timeout=CALL_TIMEOUT)
+
+
+def test_workers_advertise_remote_readiness(remote_workers: Workers) -> None:
+    beat = remote_workers.heartbeat("rcpu")
+    assert beat["remote"] is True and isinstance(beat["envs"], list)
+
