@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from celery.result import AsyncResult
+from celery.utils.nodenames import worker_direct
 
 import sluice
 from sluice import App, Settings
@@ -32,6 +33,7 @@ from sluice.errors import (
     SerializationError,
 )
 from sluice.queues.routing import COMPUTE_HEADER
+from sluice.tasks.escalation import STICKY_HEADER
 from sluice.workers.remote_task import REMOTE_TASK
 from tests.conftest import ROOT, Workers, wait_for
 from tests.wheels import build_wheel
@@ -222,6 +224,23 @@ def test_the_worker_holding_an_environment_is_preferred(remote_workers: Workers,
     calls = [use_tiny.spawn() for _ in range(6)]
     assert [c.get(timeout=CALL_TIMEOUT) for c in calls] == [42] * 6
     assert {c.worker for c in calls} == {"rcpu@test"}
+
+
+def test_a_call_waiting_in_a_dead_workers_own_queue_goes_home(remote_workers: Workers, tmp_path: Path) -> None:
+    """A client picked a worker (it held the environment) that died before taking the call: the
+    orphan sweep moves the call to its class queue once the worker's heartbeat is gone."""
+    ghost = remote_workers.start("tests.apps.remote_app", "cpu", "ghost", env={"SLUICE_HEARTBEAT_INTERVAL": "0.5"})
+    os.killpg(ghost.pid, signal.SIGKILL)
+    ghost.wait(10)
+    wait_for(lambda: not remote_workers.client.exists("sluice:worker:ghost@test"), 30, "ghost's heartbeat to expire")
+    fields = _fields(pickle.dumps((abs, (-5,), {})))
+    message = seal(default_app().settings.signing_secret(), fields)
+    result = default_app().send_task(REMOTE_TASK, args=[message], queue=worker_direct("ghost@test"),
+                                     headers={COMPUTE_HEADER: {"memory": 2 << 30}, STICKY_HEADER: "cpu"})
+    reply = result.get(timeout=CALL_TIMEOUT)
+    assert reply["worker"] != "ghost@test"
+    logs = "".join(path.read_text(errors="replace") for path in remote_workers.log_dir.glob("*.log"))
+    assert "moved 1 message(s) from dead workers' own queues to their home queues" in logs
 
 
 # ---- memory -----------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def _lines(stream: object, sink: queue.Queue[str]) -> None:
 
 
 def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "SLUICE_BROKER_URL"}
+    env = {k: v for k, v in os.environ.items() if k not in ("SLUICE_BROKER_URL", "SLUICE_REMOTE_SECRET")}
     env |= {"SLUICE_HOME": str(tmp_path), "SLUICE_GPU_COUNT": "0", "PYTHONPATH": str(ROOT)}
     up = subprocess.Popen([sys.executable, "-m", "sluice", "up"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, env=env, cwd=tmp_path)
@@ -65,6 +65,14 @@ def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
         assert rows["highmem"] == ["0", "1", "0", "1"]
         assert rows["gpu"] == ["1", "0", "0", "0"]
 
+        # A client that has only run the export lines can make remote calls (the signing secret included).
+        client_env = env | exports | {"SLUICE_HOME": str(tmp_path / "client-home")}
+        call = subprocess.run([sys.executable, "-c", REMOTE_CLIENT], capture_output=True, text=True, timeout=120,
+                              env=client_env, cwd=tmp_path)
+        assert call.returncode == 0, call.stderr
+        assert call.stdout.split() == ["49", f"cpu@{_host()}"]
+        assert len(exports["SLUICE_REMOTE_SECRET"]) == 64
+
         family = psutil.Process(up.pid).children(recursive=True)
         assert len(family) >= 4  # redis, two workers (plus their pool processes), flower
     finally:
@@ -74,6 +82,18 @@ def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
     _, alive = psutil.wait_procs(family, timeout=10)
     assert alive == [], f"left behind: {alive}"
     assert not (tmp_path / "up.json").exists()
+
+
+REMOTE_CLIENT = """
+import sluice
+
+@sluice.remote
+def square(x):
+    return x * x
+
+call = square.spawn(7)
+print(call.get(timeout=60), call.worker)
+"""
 
 
 def _drain(out: queue.Queue[str], printed: list[str]) -> bool:

@@ -28,6 +28,7 @@ from sluice.client.signing import decode, encode, seal, unseal
 from sluice.compute import Compute
 from sluice.errors import ConfigurationError, RemoteError
 from sluice.queues.routing import COMPUTE_HEADER
+from sluice.tasks.escalation import STICKY_HEADER
 from sluice.units import format_size, parse_size
 from sluice.workers.remote_task import REMOTE_TASK
 
@@ -114,7 +115,10 @@ class RemoteFunction(Generic[P, R]):
                                environment_key(self.packages) if self.packages else None, self.name)
         message = seal(app.settings.signing_secret(), fields)
         slot = Compute.of(memory_bytes=target.resource_class.slot.memory_bytes, gpu=target.resource_class.slot.gpu)
-        result = app.send_task(task_name, args=[message], queue=target.queue, headers={COMPUTE_HEADER: slot.to_dict()})
+        headers = {COMPUTE_HEADER: slot.to_dict()}
+        if target.worker is not None:  # its own queue: if it dies first, the reaper moves the call home
+            headers[STICKY_HEADER] = target.resource_class.name
+        result = app.send_task(task_name, args=[message], queue=target.queue, headers=headers)
         return RemoteCall(result, self.name, app, bool(fields.get("stream")), _source_file(self.function))
 
     delay = spawn

@@ -21,6 +21,7 @@ import time
 
 import redis
 from celery.app.control import Control
+from celery.utils.nodenames import worker_direct
 from kubernetes import client as k8s
 
 from sluice.deploy.manifests import worker_name
@@ -91,8 +92,9 @@ class Autoscaler(Periodic):
             self.core.patch_namespaced_pod(pod.metadata.name, self.namespace,
                                            {"metadata": {"annotations": {DELETION_COST: str(cost)}}})
         drained = [by_pod[p] for p in victims if p in by_pod]
-        if drained:
-            self.control.cancel_consumer(rc.name, destination=drained, reply=True, timeout=2.0)
+        for host in drained:  # the class queue and the worker's own queue: it takes no new work at all
+            for queue in (rc.name, worker_direct(host).name):
+                self.control.cancel_consumer(queue, destination=[host], reply=True, timeout=2.0)
         return self._scale(rc, current, target, status, f"draining idle {', '.join(victims)}")
 
     def _scale(self, rc: ResourceClass, current: int, target: int, status: ClassStatus, why: str) -> int:

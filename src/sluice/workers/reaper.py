@@ -11,6 +11,10 @@ one at a time (a Redis lock) looks at each held message and restores it to its q
 
 The redelivered message then meets the ledger on the next worker (see ``request.py``), which
 counts the lost attempt and lets the retry policy decide.
+
+Messages can also wait, not yet taken, in a dead worker's own direct queue (a sticky retry, or
+a remote call sent to the worker holding its environment). Those name their home queue in a
+header; the sweep moves them there once the worker's heartbeat is gone.
 """
 
 from __future__ import annotations
@@ -25,11 +29,16 @@ import redis
 from celery import Celery
 
 from sluice import keys
-from sluice.tasks.escalation import ATTEMPT_HEADER
+from sluice.tasks.escalation import ATTEMPT_HEADER, STICKY_HEADER
 from sluice.workers import ledger
 from sluice.workers.periodic import Periodic
 
 log = logging.getLogger("sluice.reaper")
+
+#: kombu's binding table of Celery's direct-queue exchange: one member per worker direct queue.
+DIRECT_BINDINGS = "_kombu.binding.C.dq2"
+BINDING_SEPARATOR = "\x06\x16"
+DIRECT_SUFFIX = ".dq2"
 
 
 class OrphanReaper(Periodic):
@@ -44,6 +53,11 @@ class OrphanReaper(Periodic):
         options = app.conf.broker_transport_options or {}
         self.unacked_key = options.get("unacked_key", "unacked")
         self.unacked_index_key = options.get("unacked_index_key", "unacked_index")
+        #: Remove one message from a list and append its rewritten copy to another, atomically;
+        #: nothing happens if a consumer took the message meanwhile.
+        self._move = client.register_script(
+            "if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then redis.call('RPUSH', KEYS[2], ARGV[2]) return 1 end "
+            "return 0")
 
     def tick(self) -> list[str]:
         return self.sweep_once()
@@ -61,7 +75,28 @@ class OrphanReaper(Periodic):
                 restored.append(message["headers"].get("id", "?"))
         if restored:
             log.warning("restored %d message(s) held by dead workers: %s", len(restored), ", ".join(restored))
-        return restored
+        return restored + self.rehome_direct_queues()
+
+    def rehome_direct_queues(self) -> list[str]:
+        """Move messages waiting in dead workers' direct queues to their home queues."""
+        moved = []
+        for member in self.client.smembers(DIRECT_BINDINGS):
+            queue = member.decode().rsplit(BINDING_SEPARATOR, 1)[-1]
+            hostname = queue.removesuffix(DIRECT_SUFFIX)
+            if queue == hostname or self.client.exists(keys.worker_heartbeat(hostname)):
+                continue
+            for raw in self.client.lrange(queue, 0, -1):
+                message = json.loads(raw)
+                home = (message.get("headers") or {}).get(STICKY_HEADER)
+                if not home:
+                    continue
+                message["properties"]["delivery_info"].update(exchange="", routing_key=home)
+                if self._move(keys=[queue, home], args=[raw, json.dumps(message)]):
+                    moved.append(message["headers"].get("id", "?"))
+        if moved:
+            log.warning("moved %d message(s) from dead workers' own queues to their home queues: %s",
+                        len(moved), ", ".join(moved))
+        return moved
 
     def _orphaned(self, tag: bytes, message: dict[str, Any], now: float) -> bool:
         headers = message.get("headers") or {}
