@@ -58,28 +58,23 @@ class Target:
 
 def choose_target(app: App, memory: int, gpu: bool, gpu_memory: int | None, env_key: str | None,
                   what: str) -> Target:
-    """The class that fits; a live worker of a fitting class holding ``env_key`` (or, with
-    ``gpu_memory``, one whose GPU has that much) is chosen through its direct queue."""
+    """The smallest class that fits; within it, a live worker holding ``env_key`` (or, with
+    ``gpu_memory``, one whose GPU has that much) is chosen through its own queue. A bigger class
+    is never taken just because one of its workers holds the environment."""
     home = remote_class(app, memory, gpu, what)
     if env_key is None and gpu_memory is None:
         return Target(home.name, home)
-    catalog = remote_catalog(app)
     candidates = []
     for beat in read_heartbeats(app.redis):
-        fitting = [catalog.get(c) for c in beat.get("classes", []) if c in catalog and _fits(catalog.get(c), memory, gpu)]
-        if not fitting or not beat.get("remote"):
+        if home.name not in beat.get("classes", []) or not beat.get("remote"):
             continue
         if gpu_memory is not None and (beat.get("gpu_memory") or 0) < gpu_memory:
             continue
-        if env_key is not None and env_key not in beat.get("envs", []) and gpu_memory is None:
-            continue
-        candidates.append((env_key is not None and env_key in beat.get("envs", []), beat["hostname"], fitting[0]))
+        holds = env_key is not None and env_key in beat.get("envs", [])
+        if holds or gpu_memory is not None:
+            candidates.append((holds, beat["hostname"]))
     if not candidates:  # none live yet (a class scaled to zero): the class queue; workers check GPU memory
         return Target(home.name, home)
-    best = max(c[0] for c in candidates)
-    _, hostname, rc = random.choice([c for c in candidates if c[0] == best])
-    return Target(worker_direct(hostname), rc, hostname)
-
-
-def _fits(rc: ResourceClass, memory: int, gpu: bool) -> bool:
-    return (rc.slot.memory_bytes or 0) >= memory and (rc.is_gpu or not gpu) and (gpu or not rc.is_gpu)
+    best = max(holds for holds, _ in candidates)
+    hostname = random.choice([host for holds, host in candidates if holds == best])
+    return Target(worker_direct(hostname), home, hostname)

@@ -94,7 +94,7 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
             "slots": worker.concurrency,
             "running": [req.id for req in _active_requests()],
             "remote": self.remote,
-            "envs": self.envs.held() if self.remote else [],
+            "envs": self.envs.held() if self.remote and not self.app.settings.fresh_env_per_call else [],
             "gpu_memory": self.gpu_memory,
         }
 

@@ -1,0 +1,147 @@
+"""Remote call latency, side by side in one run: a no-op ``@sluice.remote`` call with no packages,
+with a cached package environment, and with a fresh install every call (the reference's
+behaviour: ``fresh_env_per_call`` with uv's own cache off, as a fresh sandbox has none), calls in
+a ``sluice.session`` (one sandbox kept warm), and the
+same no-op through Ray (``ray.remote`` with ``runtime_env={"pip": [...]}``; Ray caches that
+environment too) when Ray is installed. The package is a real one, sympy (with mpmath), whose
+wheels are fetched once with ``pip download`` and then installed from that directory with no
+index, so the figures measure installs, not the network; without a registry a small wheel built
+here stands in, and the JSON says which. Prints one JSON line.
+
+Usage: python bench/remote.py [--calls 40]
+Goal: a cached-environment call under 100 ms median, at least 10x faster than a fresh install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sluice.deploy.embedded import EmbeddedRedis  # noqa: E402
+from tests.wheels import build_wheel  # noqa: E402
+
+
+def figures(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {"median_ms": round(statistics.median(ordered) * 1000, 1),
+            "p95_ms": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] * 1000, 1), "n": len(ordered)}
+
+
+def timed(call: Callable[[], Any], runs: int, warmup: int = 2) -> list[float]:
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def start_worker(queue: str, name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sluice", "worker", "-A", "bench.apps:sluice_app", "--queue", queue, "-n", f"{name}@bench",
+         "--without-mingle", "--without-gossip", "--loglevel", "WARNING"],
+        cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_for_workers(client: Any, names: list[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(client.exists(f"sluice:worker:{n}@bench") for n in names):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"workers {names} did not start")
+        time.sleep(0.1)
+
+
+def fill_wheelhouse(wheelhouse: Path) -> tuple[str, list[Path]]:
+    """sympy and mpmath from the registry, else a small wheel built here: (requirement, wheels)."""
+    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "sympy==1.14.0",
+                              "mpmath==1.3.0", "-d", str(wheelhouse)], capture_output=True, timeout=300, check=False)
+    wheels = sorted(wheelhouse.glob("*.whl"))
+    if fetched.returncode == 0 and len(wheels) == 2:
+        return "sympy==1.14.0", wheels
+    return "bench_pkg", [build_wheel(wheelhouse, "bench_pkg", "1.0", "VALUE = 1\n")]
+
+
+def bench_sluice(calls: int, package: str, wheelhouse: Path, home: Path) -> dict[str, Any]:
+    server = EmbeddedRedis(home / "redis").start()
+    env = os.environ | {"SLUICE_BROKER_URL": server.url, "SLUICE_HOME": str(home), "SLUICE_REMOTE_SECRET": "bench",
+                        "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(wheelhouse), "UV_CACHE_DIR": str(home / "uv"),
+                        "PYTHONPATH": str(ROOT)}
+    os.environ.update({k: env[k] for k in ("SLUICE_BROKER_URL", "SLUICE_HOME", "SLUICE_REMOTE_SECRET")})
+    workers = [start_worker("cpu", "cached", env),
+               start_worker("highmem", "fresh", env | {"SLUICE_FRESH_ENV_PER_CALL": "1", "UV_NO_CACHE": "1"})]
+    try:
+        wait_for_workers(server.client(), ["cached", "fresh"])
+        import sluice
+
+        def noop() -> None:
+            return None
+
+        plain = sluice.remote(noop)
+        cached = sluice.remote(packages=[package])(noop)
+        fresh = sluice.remote(packages=[package], memory="8Gi")(noop)  # 8Gi: the highmem worker
+        result = {"no_packages": figures(timed(plain, calls)), "cached_env": figures(timed(cached, calls)),
+                  "fresh_install": figures(timed(fresh, max(5, calls // 4)))}
+        with sluice.session(packages=[package]) as session:   # one warm sandbox, as Ray reuses its workers
+            result["session_cached_env"] = figures(timed(lambda: session.call(noop), calls))
+        return result
+    finally:
+        for worker in workers:
+            worker.terminate()
+            worker.wait(30)
+        server.stop()
+
+
+def bench_ray(calls: int, wheels: list[Path]) -> dict[str, Any]:
+    try:
+        import ray
+    except ImportError:
+        return {"skipped": "ray is not installed (pip install ray)"}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        @ray.remote
+        def noop() -> None:
+            return None
+
+        with_pip = noop.options(runtime_env={"pip": [str(w) for w in wheels]})
+        try:
+            pip_figures: dict[str, Any] = figures(timed(lambda: ray.get(with_pip.remote(), timeout=600), calls))
+        except Exception as exc:  # noqa: BLE001 - report why Ray's pip env failed instead of no figure
+            pip_figures = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        return {"no_packages": figures(timed(lambda: ray.get(noop.remote()), calls)), "pip_runtime_env": pip_figures,
+                "version": ray.__version__}
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=40, help="timed calls per case (fresh install: a quarter)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-remote-") as tmp:
+        wheelhouse = Path(tmp) / "wheels"
+        wheelhouse.mkdir()
+        package, wheels = fill_wheelhouse(wheelhouse)
+        sluice_figures = bench_sluice(args.calls, package, wheelhouse, Path(tmp) / "home")
+        ray_figures = bench_ray(args.calls, wheels)
+    cached, fresh = sluice_figures["cached_env"]["median_ms"], sluice_figures["fresh_install"]["median_ms"]
+    print(json.dumps({"package": package, "sluice": sluice_figures, "ray": ray_figures,
+                      "fresh_over_cached": round(fresh / cached, 1), "goal_cached_under_100ms": cached < 100,
+                      "goal_10x_faster_than_fresh": fresh / cached >= 10}))
+
+
+if __name__ == "__main__":
+    main()
