@@ -15,6 +15,8 @@ from sluice.units import parse_cpu, parse_memory
 
 PASSWORD = "${SLUICE_REDIS_PASSWORD:-change-me}"
 BROKER = f"redis://:{PASSWORD}@redis:6379/0"
+#: Signs remote calls; empty (the default) means the workers run none.
+REMOTE_SECRET = "${SLUICE_REMOTE_SECRET:-}"
 
 
 def _worker(rc: ResourceClass, options: RenderOptions) -> dict[str, Any]:
@@ -24,7 +26,7 @@ def _worker(rc: ResourceClass, options: RenderOptions) -> dict[str, Any]:
         "build": {"context": "."},
         "command": ["sluice", "worker", "-A", options.app, "--queue", rc.name, "-n", f"{rc.name}@%h", "-E",
                     "--time-limit", str(options.grace_seconds)],
-        "environment": {"SLUICE_BROKER_URL": BROKER},
+        "environment": {"SLUICE_BROKER_URL": BROKER, "SLUICE_REMOTE_SECRET": REMOTE_SECRET},
         "depends_on": {"redis": {"condition": "service_healthy"}},
         "stop_grace_period": f"{options.grace_seconds + 60}s",
         "read_only": True,

@@ -48,6 +48,12 @@ class RenderOptions:
         ]
 
 
+#: Workers sign and check remote calls with this Secret's key; without the Secret (optional) a
+#: worker runs no remote calls.
+REMOTE_SECRET_ENV = {"name": "SLUICE_REMOTE_SECRET", "valueFrom": {"secretKeyRef": {
+    "name": platform.REMOTE_SECRET, "key": "secret", "optional": True}}}
+
+
 def worker_name(rc: ResourceClass) -> str:
     return f"sluice-worker-{rc.name}"
 
@@ -76,7 +82,7 @@ def worker_deployment(rc: ResourceClass, options: RenderOptions) -> Manifest:
             # %h is the pod's hostname (its name): the autoscaler maps worker -> pod with it
             "args": ["sluice", "worker", "-A", options.app, "--queue", rc.name, "-n", f"{rc.name}@%h", "-E",
                      "--time-limit", str(options.grace_seconds), "--loglevel", "INFO"],
-            "env": options.broker_env,
+            "env": [*options.broker_env, REMOTE_SECRET_ENV],
             "resources": {"requests": dict(amounts), "limits": dict(amounts)},
             "readinessProbe": probe | {"initialDelaySeconds": 5},
             "livenessProbe": probe | {"initialDelaySeconds": 30},

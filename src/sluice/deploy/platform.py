@@ -16,6 +16,7 @@ Manifest = dict[str, Any]
 REDIS_NAME = "sluice-redis"
 REDIS_SECRET = "sluice-redis"        #: key "password"
 REDIS_AUTH = "sluice-redis-auth"     #: the KEDA TriggerAuthentication
+REMOTE_SECRET = "sluice-remote"      #: key "secret": signs remote calls (optional)
 FLOWER_SECRET = "sluice-flower"      #: key "basic-auth", "user:password"
 AUTOSCALER = "sluice-autoscaler"
 METRICS_PORT = 9100
