@@ -137,6 +137,32 @@ def test_an_exception_that_cannot_be_rebuilt_here_arrives_as_remote_error(remote
         raises_unpicklable()
 
 
+def test_functions_from_local_modules_go_by_reference_and_need_the_module_there(remote_workers: Workers,
+                                                                               tmp_path: Path) -> None:
+    """As documented: a function from an importable module travels by name, so a worker without
+    that module fails with an import error; the worker also notes what the function imports."""
+    (tmp_path / "my_local_pkg.py").write_text("def double(x):\n    import not_on_any_worker\n    return 2 * x\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import my_local_pkg
+        by_reference = sluice.remote(my_local_pkg.double)
+        with pytest.raises(ModuleNotFoundError, match="my_local_pkg"):
+            by_reference(2)
+
+        @sluice.remote
+        def by_value(x: int) -> int:
+            import not_on_any_worker  # noqa: F401
+            return x
+
+        call = by_value.spawn(1)
+        with pytest.raises(ModuleNotFoundError, match="not_on_any_worker"):
+            call.get(timeout=CALL_TIMEOUT)
+        assert ("sluice: the function imports not_on_any_worker, which this worker does not have; "
+                "list it in packages=") in call.output
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
 def test_live_resources_fail_before_anything_is_sent(remote_workers: Workers, tmp_path: Path) -> None:
     client = remote_workers.client
     before = client.llen("cpu")
