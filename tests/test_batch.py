@@ -73,6 +73,24 @@ def test_sink_resume_and_observe(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "--resume" in refused.stderr
 
 
+def test_traj_writes_every_success_once_as_a_lance_dataset_and_resume_rebuilds_it(tmp_path: Path) -> None:
+    import lance
+
+    sink = tmp_path / "run"
+    first = compute(str(EXAMPLE), "-w", "2", "--sink", str(sink), "--traj", "--", "--n", "120", home=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert f"wrote Lance dataset {sink / 'results.lance'} (120 rows)" in first.stderr.replace("\n", "")
+    again = compute(str(EXAMPLE), "-w", "2", "--sink", str(sink), "--resume", "--traj", "--", "--n", "150",
+                    home=tmp_path)
+    assert again.returncode == 0, again.stderr
+    table = lance.dataset(str(sink / "results.lance")).to_table()
+    assert table.schema.names == ["id", "worker", "attempts", "started", "seconds", "result"]
+    rows = table.to_pylist()
+    assert sorted(r["id"] for r in rows) == sorted(f"t-{i}" for i in range(150))          # once each
+    assert all(json.loads(r["result"]) == {"x2": int(r["id"][2:]) * 2} and r["attempts"] == 1 for r in rows)
+    assert {r["id"] for r in rows} == {r["id"] for r in lines(sink / "ready.ndjson")}
+
+
 def test_failures_duplicates_and_missing_ids(tmp_path: Path) -> None:
     sink = tmp_path / "run"
     result = compute(str(COUNTING), "-w", "2", "--sink", str(sink), "--", "--n", "50", "--fail-every", "10",

@@ -7,12 +7,15 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 import uuid
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import click
+import redis
 from rich.console import Console
 
 from sluice.app import App
@@ -21,6 +24,9 @@ from sluice.client.local_workers import LocalWorkers
 from sluice.client.observe import Observer
 from sluice.client.sink import Sink
 from sluice.client.taskfile import TaskFile
+from sluice.client import torchrun
+from sluice.client.torchrun import Ranks
+from sluice.client.trajectory import require_lance, write_trajectory
 from sluice.config import Settings
 from sluice.deploy.embedded import EmbeddedRedis
 
@@ -45,13 +51,16 @@ console = Console(stderr=True)
 @click.option("--resume", is_flag=True, help="Skip ids already in the sink (ready, and failed ones).")
 @click.option("--rerun-failed", is_flag=True, help="With --resume: run the ids recorded as failed again.")
 @click.option("--observe", is_flag=True, help="Show live progress (a plain line per interval when not a terminal).")
+@click.option("--traj", is_flag=True,
+              help="Also write the results as a Lance dataset, <sink>/results.lance (needs pylance).")
 @click.option("--broker", default=None, help="Redis URL (default: SLUICE_BROKER_URL, else an embedded Redis).")
 @click.option("--run-id", default=None, help="Name of the run (default: derived from --sink, so --resume finds it).")
 @click.option("--quarantine-after", type=int, default=3, show_default=True,
               help="Stop sending items to a worker after this many infrastructure failures on it.")
 def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None, workers: int | None,
             per_worker: int, python: str, retries: int, results_mode: str, sink: Path | None, resume: bool,
-            rerun_failed: bool, observe: bool, broker: str | None, run_id: str | None, quarantine_after: int) -> None:
+            rerun_failed: bool, observe: bool, traj: bool, broker: str | None, run_id: str | None,
+            quarantine_after: int) -> None:
     """Run TASK_FILE's plan() items through execute() on workers. Arguments after `--` go to the
     file's own argparse, exactly as `python TASK_FILE ...` would get them.
 
@@ -67,7 +76,16 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
         for item in islice(tf.plan(), check_items):
             click.echo(json.dumps({"id": item["id"], "result": tf.execute(item)}, default=str))
         return
+    if traj:
+        require_lance()
     settings = Settings.load()
+    ranks = Ranks.from_env()
+    if ranks is not None and ranks.world_size > 1:
+        workers = workers or 1  # under torchrun every rank runs local workers
+        if not ranks.drives:
+            sys.exit(_serve_rank(ranks, broker or settings.broker_url, workers, per_worker, python, settings))
+    else:
+        ranks = None
     url = broker or settings.broker_url
     if url is None and workers is None:
         workers = 1
@@ -77,32 +95,82 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
     if sink and not resume and any((sink_dir / n).exists() for n in ("ready.ndjson", "failures.ndjson")):
         raise click.UsageError(f"{sink_dir} already holds results: pass --resume to continue that run, or use a "
                                "fresh --sink directory")
-    embedded = EmbeddedRedis(settings.home / "compute-redis") if url is None else None
-    if embedded is not None:
+    embedded = None
+    if url is None:
+        embedded = (EmbeddedRedis(settings.home / "compute-redis", bind=ranks.bind_address, host=ranks.master_addr)
+                    if ranks else EmbeddedRedis(settings.home / "compute-redis"))
         url = embedded.start().url
     try:
+        if ranks:
+            torchrun.reset(redis.Redis.from_url(url), run_id)
+            torchrun.share_run(ranks, {"broker": url, "run_id": run_id, "queue": private_queue(run_id)},
+                      broker or settings.broker_url)
         code = _run(tf, url, run_id, sink_dir, workers, per_worker, python, retries, results_mode, resume,
-                    rerun_failed, observe, quarantine_after, settings)
+                    rerun_failed, observe, quarantine_after, settings, ranks)
+        if ranks:
+            _release_ranks(redis.Redis.from_url(url), ranks, run_id, code)
     finally:
         if embedded is not None:
             embedded.stop()
+    if traj:
+        path, rows = write_trajectory(sink_dir)
+        console.print(f"wrote Lance dataset {path} ({rows} rows)")
     sys.exit(code)
+
+
+def private_queue(run_id: str) -> str:
+    """The queue local workers of a run consume (and nothing else does)."""
+    return f"sluice.run.{run_id}"
+
+
+def _serve_rank(ranks: Ranks, broker: str | None, workers: int, per_worker: int, python: str,
+                settings: Settings) -> int:
+    """A torchrun rank other than 0: run local workers for rank 0's run until it ends."""
+    run = torchrun.share_run(ranks, None, broker)
+    client = redis.Redis.from_url(run["broker"])
+    local = LocalWorkers(workers, per_worker, run["queue"], run["run_id"], python,
+                         settings.home / "runs" / run["run_id"] / f"rank-{ranks.rank}-logs",
+                         {"SLUICE_BROKER_URL": run["broker"]}, prefix=f"r{ranks.rank}.").start()
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    code = None
+    try:
+        while code is None and not stop.wait(0.5):
+            code = torchrun.finished(client, run["run_id"])
+            local.revive()
+    except redis.ConnectionError:
+        console.print(f"rank {ranks.rank}: the run's Redis went away before the run ended")
+    finally:
+        local.stop(interrupt=code is None)
+    if code is not None:
+        torchrun.leave(client, run["run_id"])
+    return EXIT_INTERRUPTED if code is None else code
+
+
+def _release_ranks(client: redis.Redis, ranks: Ranks, run_id: str, code: int, timeout: float = 30.0) -> None:
+    """Rank 0: tell the other ranks the run is over, and wait (bounded) until they have heard it,
+    so that stopping the embedded Redis does not cut them off first."""
+    torchrun.record_exit(client, run_id, code)
+    deadline = time.monotonic() + timeout
+    while torchrun.ranks_left(client, run_id) < ranks.world_size - 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, workers: int | None, per_worker: int, python: str,
          retries: int, results_mode: str, resume: bool, rerun_failed: bool, observe: bool, quarantine_after: int,
-         settings: Settings) -> int:
+         settings: Settings, ranks: Ranks | None = None) -> int:
     app = App("sluice.compute", broker=url)
     app.conf.task_send_sent_event = False  # one event per chunk would double the driver's publishing
     run_compute = (tf.compute or app.default_compute).inherit(app.default_compute)
-    queue = f"sluice.run.{run_id}" if workers else app.catalog.route(run_compute, tf.filename).name
+    queue = private_queue(run_id) if workers else app.catalog.route(run_compute, tf.filename).name
     store = Sink(sink_dir).open()
     if store.repaired:
         console.print(f"repaired a torn last line in {', '.join(store.repaired)}")
     done = store.done_ids(rerun_failed) if resume else set()
-    local = (LocalWorkers(workers, per_worker, queue, run_id, python, sink_dir / "logs", {"SLUICE_BROKER_URL": url})
-             .start() if workers else None)
-    slots = workers * per_worker if workers else 8
+    local = (LocalWorkers(workers, per_worker, queue, run_id, python, sink_dir / "logs", {"SLUICE_BROKER_URL": url},
+                          prefix="r0." if ranks else "").start() if workers else None)
+    slots = workers * per_worker * (ranks.world_size if ranks else 1) if workers else 8
     printer = (lambda record: click.echo(json.dumps(record, default=str))) if results_mode == "ndjson" else _ignore
     with Observer(console) if observe else _NoObserver() as observer:
 

@@ -20,15 +20,16 @@ LOCAL_ENV = {"SLUICE_HEARTBEAT_INTERVAL": "0.5", "SLUICE_REAPER_INTERVAL": "1", 
 
 class LocalWorkers:
     def __init__(self, count: int, per_worker: int, queue: str, run_id: str, python: str, log_dir: Path,
-                 env: dict[str, str]) -> None:
+                 env: dict[str, str], prefix: str = "") -> None:
+        """``prefix`` tells apart the workers of each torchrun rank (``r1.``)."""
         if count < 1 or per_worker < 1:
             raise ConfigurationError(f"-w {count} --per-worker {per_worker}: both must be at least 1")
         self.count, self.per_worker, self.queue, self.run_id = count, per_worker, queue, run_id
-        self.python, self.log_dir, self.env = python, log_dir, env
+        self.python, self.log_dir, self.env, self.prefix = python, log_dir, env, prefix
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def hostname(self, index: int) -> str:
-        return f"w{index}.{self.run_id[:8]}@%h"
+        return f"{self.prefix}w{index}.{self.run_id[:8]}@%h"
 
     def start(self) -> LocalWorkers:
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -52,15 +52,18 @@ def free_port() -> int:
 class EmbeddedRedis:
     """One redis-server process owned by this object: ``start()``, ``url``, ``stop()``."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, password: str | None = None) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, password: str | None = None,
+                 bind: str = "127.0.0.1", host: str = "127.0.0.1") -> None:
+        """``bind`` is where the server listens; ``host`` is how others reach it (in ``url``)."""
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.password = password or secrets.token_urlsafe(18)
+        self.bind, self.host = bind, host
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@{self.host}:{self.port}/0"
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=5)
@@ -70,7 +73,7 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.data_dir / "redis.log", "ab")
         self.process = subprocess.Popen(
-            [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
+            [find_redis_server(), "--port", str(self.port), "--bind", self.bind, "--requirepass", self.password,
              "--appendonly", "yes", "--dir", str(self.data_dir), "--save", "", "--maxmemory-policy", "noeviction",
              "--daemonize", "no"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
