@@ -91,6 +91,21 @@ def test_traj_writes_every_success_once_as_a_lance_dataset_and_resume_rebuilds_i
     assert {r["id"] for r in rows} == {r["id"] for r in lines(sink / "ready.ndjson")}
 
 
+def test_a_worker_that_keeps_failing_is_quarantined(tmp_path: Path) -> None:
+    sink = tmp_path / "run"
+    result = compute(str(ROOT / "tests" / "tasks" / "poisoned_worker.py"), "-w", "2", "--retries", "2",
+                     "--quarantine-after", "2", "--sink", str(sink), "--observe", "--", "--n", "80", home=tmp_path)
+    assert result.returncode == 1, result.stderr          # some items failed (those w1 took before quarantine)
+    checkpoint = json.loads((sink / "checkpoint.json").read_text())
+    assert len(checkpoint["quarantined"]) == 1 and checkpoint["quarantined"][0].startswith("w1.")
+    assert "quarantined" in result.stderr and checkpoint["quarantined"][0] in result.stderr
+    ready, failed = lines(sink / "ready.ndjson"), lines(sink / "failures.ndjson")
+    ids = [r["id"] for r in ready + failed]
+    assert sorted(ids) == sorted(f"t-{i}" for i in range(80))               # every id exactly once
+    assert all(r["worker"].startswith("w0.") for r in ready) and len(ready) > len(failed)
+    assert failed and all(r["status"] == "failed" for r in failed)
+
+
 def test_failures_duplicates_and_missing_ids(tmp_path: Path) -> None:
     sink = tmp_path / "run"
     result = compute(str(COUNTING), "-w", "2", "--sink", str(sink), "--", "--n", "50", "--fail-every", "10",

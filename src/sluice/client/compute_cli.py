@@ -68,6 +68,7 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
       sluice compute task.py --check -- --n 2
       sluice compute task.py -w 4 --sink /tmp/run1 -- --n 1000
       sluice compute task.py -w 4 --sink /tmp/run1 --resume --observe -- --n 1000
+      torchrun --nproc_per_node=2 --no-python -- sluice compute task.py --sink /tmp/run2 -- --n 1000
 
     Exit codes: 0 every item succeeded, 1 some failed, 130 interrupted (Ctrl-C), 2 usage.
     """
