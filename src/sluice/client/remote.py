@@ -118,7 +118,8 @@ class RemoteFunction(Generic[P, R]):
         headers = {COMPUTE_HEADER: slot.to_dict()}
         if target.worker is not None:  # its own queue: if it dies first, the reaper moves the call home
             headers[STICKY_HEADER] = target.resource_class.name
-        result = app.send_task(task_name, args=[message], queue=target.queue, headers=headers)
+        result = app.send_task(task_name, args=[message], queue=target.queue, headers=headers,
+                               argsrepr=f"({self.name})", kwargsrepr="{}")  # Flower shows the name, not the payload
         return RemoteCall(result, self.name, app, bool(fields.get("stream")), _source_file(self.function))
 
     delay = spawn
