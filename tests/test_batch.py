@@ -93,8 +93,8 @@ def test_traj_writes_every_success_once_as_a_lance_dataset_and_resume_rebuilds_i
 
 def test_a_worker_that_keeps_failing_is_quarantined(tmp_path: Path) -> None:
     sink = tmp_path / "run"
-    result = compute(str(ROOT / "tests" / "tasks" / "poisoned_worker.py"), "-w", "2", "--retries", "2",
-                     "--quarantine-after", "2", "--sink", str(sink), "--observe", "--", "--n", "80", home=tmp_path)
+    result = compute(str(ROOT / "tests" / "tasks" / "where.py"), "-w", "2", "--retries", "2", "--quarantine-after",
+                     "2", "--sink", str(sink), "--observe", "--", "--n", "80", "--die-on", "w1.", home=tmp_path)
     assert result.returncode == 1, result.stderr          # some items failed (those w1 took before quarantine)
     checkpoint = json.loads((sink / "checkpoint.json").read_text())
     assert len(checkpoint["quarantined"]) == 1 and checkpoint["quarantined"][0].startswith("w1.")

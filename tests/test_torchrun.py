@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
-RANKED = ROOT / "tests" / "tasks" / "ranked.py"
+RANKED = ROOT / "tests" / "tasks" / "where.py"
 ITEMS = 120
 
 
