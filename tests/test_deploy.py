@@ -21,7 +21,7 @@ from sluice.units import parse_cpu, parse_memory
 from tests.conftest import ROOT
 from tests.kube_fake import FakeKube
 
-KEDA = Path(os.environ.get("SLUICE_KEDA_SCHEMAS", ROOT.parent / "shared" / "schemas" / "keda"))
+KEDA = Path(os.environ.get("SLUICE_KEDA_SCHEMAS", ROOT / "tests" / "schemas" / "keda"))
 CATALOG = Settings.load(cwd=ROOT, env={}).catalog
 FILES = render(CATALOG, RenderOptions())
 DOCS = [doc for docs in FILES.values() for doc in docs]
