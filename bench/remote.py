@@ -3,10 +3,11 @@ with a cached package environment, and with a fresh install every call (the refe
 behaviour: ``fresh_env_per_call`` with uv's own cache off, as a fresh sandbox has none), calls in
 a ``sluice.session`` (one sandbox kept warm), and the
 same no-op through Ray (``ray.remote`` with ``runtime_env={"pip": [...]}``; Ray caches that
-environment too) when Ray is installed. The package is a real one, sympy (with mpmath), whose
-wheels are fetched once with ``pip download`` and then installed from that directory with no
-index, so the figures measure installs, not the network; without a registry a small wheel built
-here stands in, and the JSON says which. Prints one JSON line.
+environment too) when Ray is installed. The package is a real one the base environment lacks
+(pandas, with its dependencies, unless the base has it), whose wheels are fetched once with
+``pip download`` and then installed from that directory with no index, so the figures measure
+installs, not the network; without a registry a small wheel built here stands in. The JSON
+says which package was used. Prints one JSON line.
 
 Usage: python bench/remote.py [--calls 40]
 Goal: a cached-environment call under 100 ms median, at least 10x faster than a fresh install.
@@ -15,6 +16,7 @@ Goal: a cached-environment call under 100 ms median, at least 10x faster than a 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -28,6 +30,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from packaging.requirements import Requirement  # noqa: E402
+from packaging.utils import canonicalize_name  # noqa: E402
 
 from sluice.deploy.embedded import EmbeddedRedis  # noqa: E402
 from tests.wheels import build_wheel  # noqa: E402
@@ -65,13 +70,22 @@ def wait_for_workers(client: Any, names: list[str], timeout: float = 60) -> None
         time.sleep(0.1)
 
 
+#: Real packages to install, the first one the base environment lacks is used (a package the
+#: base provides would be left out, and nothing installed).
+CANDIDATES = ("pandas==2.2.3", "sympy==1.14.0", "openpyxl==3.1.5")
+
+
 def fill_wheelhouse(wheelhouse: Path) -> tuple[str, list[Path]]:
-    """sympy and mpmath from the registry, else a small wheel built here: (requirement, wheels)."""
-    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "sympy==1.14.0",
-                              "mpmath==1.3.0", "-d", str(wheelhouse)], capture_output=True, timeout=300, check=False)
-    wheels = sorted(wheelhouse.glob("*.whl"))
-    if fetched.returncode == 0 and len(wheels) == 2:
-        return "sympy==1.14.0", wheels
+    """A real package (with its dependencies) from the registry, else a small wheel built here:
+    (requirement, wheels)."""
+    provided = {canonicalize_name(d.metadata["Name"]) for d in importlib.metadata.distributions()}
+    for requirement in CANDIDATES:
+        if canonicalize_name(Requirement(requirement).name) in provided:
+            continue
+        fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", requirement, "-d", str(wheelhouse)],
+                                 capture_output=True, timeout=600, check=False)
+        if fetched.returncode == 0:
+            return requirement, sorted(wheelhouse.glob("*.whl"))
     return "bench_pkg", [build_wheel(wheelhouse, "bench_pkg", "1.0", "VALUE = 1\n")]
 
 
