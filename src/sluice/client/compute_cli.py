@@ -191,7 +191,7 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, workers: int | Non
             code = driver.run(done)
         finally:
             if local is not None:
-                local.stop(interrupt=driver.stopping)
+                local.stop(interrupt=driver.stopping, idle=not driver.stopping and driver.wait_for_acks())
     if driver.stopping:
         driver.finish_interrupted(private_queue=local is not None)
         code = EXIT_INTERRUPTED

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from celery import states
 
 from sluice import keys
@@ -287,7 +288,7 @@ class Driver:
         if time.monotonic() - self._last_lost_check < 10:
             return
         self._last_lost_check = time.monotonic()
-        held = [json.loads(raw)[0] for raw in self.client.hvals("unacked")]
+        held = held_messages(self.client)
         queued = [json.loads(raw) for raw in self.client.lrange(self.settings.queue, 0, -1)]
         present = {m.get("headers", {}).get("id") for m in held + queued}
         lost = pending - present
@@ -298,6 +299,22 @@ class Driver:
             if items:
                 self._dispatch(items)
         self._suspects = lost
+
+    def wait_for_acks(self, timeout: float = 5.0) -> bool:
+        """After the last record: wait until no message of this run is held unacknowledged (a
+        worker acknowledges a chunk just after caching its records), so that its workers can be
+        stopped at once instead of warmly. False if some message is still held at ``timeout``."""
+        tag = f".{self.settings.run_id[:8]}@"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                keys_held = [m["properties"]["delivery_info"]["routing_key"] for m in held_messages(self.client)]
+            except redis.RedisError:
+                return False  # cannot tell: stop them warmly
+            if not any(k == self.settings.queue or (tag in k and k.endswith(".dq2")) for k in keys_held):
+                return True
+            time.sleep(0.01)
+        return False
 
     def _count_infra_failures(self, chunk_id: str) -> None:
         for attempt in read_history(self.client, chunk_id):
@@ -348,3 +365,8 @@ class Driver:
             if json.loads(raw)[2] == self.settings.queue:
                 self.client.hdel("unacked", tag)
                 self.client.zrem("unacked_index", tag)
+
+
+def held_messages(client: redis.Redis) -> list[dict[str, Any]]:
+    """Messages workers hold unacknowledged right now (kombu's ``unacked`` hash)."""
+    return [json.loads(raw)[0] for raw in client.hvals("unacked")]

@@ -52,11 +52,13 @@ class LocalWorkers:
             self.processes[index] = self._spawn(index)
         return dead
 
-    def stop(self, interrupt: bool = False, timeout: float = 30.0) -> None:
-        """Warm shutdown when the run is done; on Ctrl-C a cold one, interrupting running items."""
+    def stop(self, interrupt: bool = False, idle: bool = False, timeout: float = 30.0) -> None:
+        """Warm shutdown when the run is done; on Ctrl-C a cold one, interrupting running items.
+        ``idle``: nothing runs and nothing is held (every record is in and acknowledged), so a
+        warm shutdown (a second or more) would only wait: kill them at once."""
         for process in self.processes:
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL if interrupt else signal.SIGTERM)
+                os.killpg(process.pid, signal.SIGKILL if interrupt or idle else signal.SIGTERM)
         for process in self.processes:
             try:
                 process.wait(timeout)
