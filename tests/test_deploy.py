@@ -138,6 +138,14 @@ def test_checked_in_manifests_match_what_the_code_renders(tmp_path: Path) -> Non
             f"deploy/{name} drifted: run `sluice deploy render --out deploy`"
 
 
+def test_render_without_out_prints_every_object_to_stdout() -> None:
+    out = subprocess.run([sys.executable, "-m", "sluice", "deploy", "render"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    printed = [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    assert [(d["kind"], d["metadata"]["name"]) for d in printed] == [(d["kind"], d["metadata"]["name"]) for d in DOCS]
+
+
 def test_apply_is_idempotent_and_diff_shows_changes(tmp_path: Path) -> None:
     with FakeKube() as fake:
         env = os.environ | {"KUBECONFIG": str(fake.kubeconfig(tmp_path / "kubeconfig")), "PYTHONPATH": str(ROOT)}

@@ -22,7 +22,7 @@ from sluice.client.packages import environment_key, normalize_packages, plan_ins
 from sluice.client.serialization import dumps, import_hints, pack_call
 from sluice.client.signing import decode, encode, seal, unseal
 from sluice.errors import ConfigurationError, InvalidPackageError, InvalidRequestError, SerializationError
-from sluice.workers.package_envs import EnvironmentCache, READY
+from sluice.workers.package_envs import READY, EnvironmentCache
 
 Gi, Mi = 1 << 30, 1 << 20
 

@@ -19,12 +19,12 @@ import redis
 from rich.console import Console
 
 from sluice.app import App
+from sluice.client import torchrun
 from sluice.client.driver import EXIT_INTERRUPTED, Driver, RunSettings
 from sluice.client.local_workers import LocalWorkers
 from sluice.client.observe import Observer
 from sluice.client.sink import Sink
 from sluice.client.taskfile import TaskFile
-from sluice.client import torchrun
 from sluice.client.torchrun import Ranks
 from sluice.client.trajectory import require_lance, write_trajectory
 from sluice.config import Settings

@@ -59,7 +59,7 @@ def render_command(app_name: str, namespace: str, image: str, grace: int, out: P
     the built-in autoscaler (use either keda.yaml or autoscaler.yaml)."""
     files = _rendered(app_name, namespace, image, grace)
     if out is None:
-        click.echo(dump([doc for docs in files.values() for doc in docs]), nl=False)
+        click.echo(to_yaml([doc for docs in files.values() for doc in docs]), nl=False)
         return
     out.mkdir(parents=True, exist_ok=True)
     for name, docs in files.items():

@@ -12,8 +12,8 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -21,8 +21,8 @@ from celery.exceptions import Retry
 
 from sluice import keys
 from sluice.client.packages import normalize_packages, plan_install
-from sluice.client.serialization import python_version
 from sluice.client.remote_routing import accepts_remote, remote_class
+from sluice.client.serialization import python_version
 from sluice.client.signing import decode, encode, seal, unseal
 from sluice.compute import Compute
 from sluice.errors import InvalidRequestError, MemoryExhausted
@@ -102,7 +102,7 @@ class Room:
 def prepared(task: Any, fields: dict[str, Any], output: CallOutput) -> Iterator[tuple[Path | None, Room]]:
     """Validate the package list again, report what the base image provides, and yield the
     environment (installed or cached) and the room for the sandbox."""
-    app, request, settings = task.app, task.request, task.app.settings
+    request, settings = task.request, task.app.settings
     packages = normalize_packages(fields["packages"])
     plan = plan_install(packages, base_distributions())
     for line in plan.ignored:

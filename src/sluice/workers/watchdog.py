@@ -20,8 +20,8 @@ import psutil
 import redis
 
 from sluice import keys
-from sluice.workers.periodic import Periodic
 from sluice.units import format_size
+from sluice.workers.periodic import Periodic
 
 log = logging.getLogger("sluice.watchdog")
 
