@@ -395,8 +395,10 @@ def test_a_session_keeps_state_between_calls(remote_workers: Workers) -> None:
     with sluice.session(memory="256Mi") as s:
         assert [count(), count(), count()] == [1, 2, 3]
         assert len({pid(), pid(), s.call(os.getpid)}) == 1
-    with sluice.session(memory="256Mi"):
+    with sluice.session(memory="256Mi") as s:
         assert count() == 1                       # a new session, a new sandbox
+        with pytest.raises(ConfigurationError, match=r"needs \['tiny_pkg'\], which this session was not opened with"):
+            s.call(sluice.remote(packages=["tiny_pkg"])(lambda: 1))
 
 
 def test_a_session_call_killed_for_memory_is_not_retried(remote_workers: Workers) -> None:
