@@ -88,7 +88,9 @@ def worker(ctx: click.Context, app_name: str, queues: tuple[str, ...], allow_no_
 @click.option("--flower-port", type=int, default=None, help="Flower's port (default: a free one).")
 def up(app_name: str, allow_no_gpu: bool, no_flower: bool, flower_port: int | None) -> None:
     """Run the whole topology locally: Redis (unless SLUICE_BROKER_URL is set), one worker per
-    resource class and Flower. Ctrl-C or SIGTERM stops everything it started."""
+    resource class and Flower. It prints `export` lines (the broker URL and the secret that signs
+    remote calls): pasted into another shell, they point apps, `sluice compute` and
+    `@sluice.remote` functions there at this cluster. Ctrl-C or SIGTERM stops everything it started."""
     from sluice.deploy.local import LocalCluster
 
     settings = Settings.load()
