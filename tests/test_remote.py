@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
@@ -417,7 +418,8 @@ def test_a_session_ends_when_its_client_disappears(remote_workers: Workers) -> N
     client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT,
                               env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert client.stdout is not None
-    session_task = client.stdout.readline().strip()
+    ready, _, _ = select.select([client.stdout], [], [], 60)   # bounded: readline() alone could hang
+    session_task = client.stdout.readline().strip() if ready else ""
     assert session_task, "the client did not open its session"
     os.kill(client.pid, signal.SIGKILL)
     client.wait(10)

@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import uuid
 from itertools import islice
 from pathlib import Path
@@ -105,11 +104,11 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
         if ranks:
             torchrun.reset(redis.Redis.from_url(url), run_id)
             torchrun.share_run(ranks, {"broker": url, "run_id": run_id, "queue": private_queue(run_id)},
-                      broker or settings.broker_url)
+                               broker or settings.broker_url)
         code = _run(tf, url, run_id, sink_dir, workers, per_worker, python, retries, results_mode, resume,
                     rerun_failed, observe, quarantine_after, settings, ranks)
         if ranks:
-            _release_ranks(redis.Redis.from_url(url), ranks, run_id, code)
+            torchrun.release(redis.Redis.from_url(url), ranks, run_id, code)
     finally:
         if embedded is not None:
             embedded.stop()
@@ -147,15 +146,6 @@ def _serve_rank(ranks: Ranks, broker: str | None, workers: int, per_worker: int,
     if code is not None:
         torchrun.leave(client, run["run_id"])
     return EXIT_INTERRUPTED if code is None else code
-
-
-def _release_ranks(client: redis.Redis, ranks: Ranks, run_id: str, code: int, timeout: float = 30.0) -> None:
-    """Rank 0: tell the other ranks the run is over, and wait (bounded) until they have heard it,
-    so that stopping the embedded Redis does not cut them off first."""
-    torchrun.record_exit(client, run_id, code)
-    deadline = time.monotonic() + timeout
-    while torchrun.ranks_left(client, run_id) < ranks.world_size - 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, workers: int | None, per_worker: int, python: str,

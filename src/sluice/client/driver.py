@@ -304,14 +304,14 @@ class Driver:
         """After the last record: wait until no message of this run is held unacknowledged (a
         worker acknowledges a chunk just after caching its records), so that its workers can be
         stopped at once instead of warmly. False if some message is still held at ``timeout``."""
-        tag = f".{self.settings.run_id[:8]}@"
+        tag = f".{self.settings.run_id[:8]}@"  # in this run's local workers' own queues (sticky retries)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 keys_held = [m["properties"]["delivery_info"]["routing_key"] for m in held_messages(self.client)]
             except redis.RedisError:
                 return False  # cannot tell: stop them warmly
-            if not any(k == self.settings.queue or (tag in k and k.endswith(".dq2")) for k in keys_held):
+            if not any(k == self.settings.queue or tag in k for k in keys_held):
                 return True
             time.sleep(0.01)
         return False

@@ -32,9 +32,8 @@ def normalize_packages(entries: Iterable[object] | None) -> tuple[str, ...]:
                                   f"each entry is {ACCEPTED}")
     kept: dict[str, str] = {}
     for entry in entries:
-        name = canonicalize_name(parse_requirement(entry).name)
-        kept.setdefault(name, str(entry).strip())
-    return tuple(sorted(kept.values(), key=lambda e: canonicalize_name(parse_requirement(e).name)))
+        kept.setdefault(canonicalize_name(parse_requirement(entry).name), str(entry).strip())
+    return tuple(kept[name] for name in sorted(kept))
 
 
 def parse_requirement(entry: object) -> Requirement:

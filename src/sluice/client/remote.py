@@ -120,7 +120,7 @@ class RemoteFunction(Generic[P, R]):
             headers[STICKY_HEADER] = target.resource_class.name
         result = app.send_task(task_name, args=[message], queue=target.queue, headers=headers,
                                argsrepr=f"({self.name})", kwargsrepr="{}")  # Flower shows the name, not the payload
-        return RemoteCall(result, self.name, app, bool(fields.get("stream")), _source_file(self.function))
+        return RemoteCall(result, self.name, app, bool(fields.get("stream")), source_file(self.function))
 
     delay = spawn
 
@@ -218,7 +218,8 @@ def localize(traceback_text: str, source: str | None) -> str:
     return "\n".join(lines)
 
 
-def _source_file(function: Any) -> str | None:
+def source_file(function: Any) -> str | None:
+    """The file a function's code comes from (to show remote tracebacks of code sent by value)."""
     code = getattr(function, "__code__", None)
     return code.co_filename if code is not None else None
 

@@ -37,9 +37,9 @@ LIVE_RESOURCES: tuple[tuple[type | tuple[type, ...], str], ...] = (
     (selectors.BaseSelector, "a selector"),
     (mmap.mmap, "a memory map"),
 )
-#: Class-name fragments of database drivers' connection objects (psycopg, pymysql, redis-py ...).
+#: Database drivers (top-level packages) and the class-name endings of their connection objects.
+DRIVER_PACKAGES = frozenset({"psycopg", "psycopg2", "pymysql", "MySQLdb", "redis", "pymongo", "sqlalchemy"})
 DRIVER_CONNECTIONS = ("Connection", "ConnectionPool", "Redis")
-DRIVER_MODULES = ("psycopg", "psycopg2", "pymysql", "MySQLdb", "redis", "pymongo", "sqlalchemy.engine")
 
 HOW_TO_FIX = "objects tied to a live local resource cannot be sent; create it inside the function instead"
 
@@ -50,9 +50,7 @@ def live_resource(obj: object) -> str | None:
         if isinstance(obj, kinds):
             return words
     cls = type(obj)
-    module = cls.__module__ or ""
-    if module.split(".")[0] in {m.split(".")[0] for m in DRIVER_MODULES} and any(
-            cls.__name__.endswith(suffix) for suffix in DRIVER_CONNECTIONS):
+    if (cls.__module__ or "").partition(".")[0] in DRIVER_PACKAGES and cls.__name__.endswith(DRIVER_CONNECTIONS):
         return "a database connection"
     return None
 

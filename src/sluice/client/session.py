@@ -20,10 +20,17 @@ from typing import Any
 
 from sluice import keys
 from sluice.client.packages import normalize_packages
-from sluice.client.remote import Budget, RemoteCall, RemoteFunction, default_app, open_reply
+from sluice.client.remote import (
+    Budget,
+    RemoteCall,
+    RemoteFunction,
+    default_app,
+    open_reply,
+    source_file,
+)
 from sluice.client.serialization import loads, pack_call
 from sluice.client.signing import decode, encode, seal, unseal
-from sluice.errors import ConfigurationError, MemoryKilled
+from sluice.errors import ConfigurationError, MemoryKilled, TaskFailed
 from sluice.workers.remote_task import SESSION_TASK
 
 _current: contextvars.ContextVar[Session | None] = contextvars.ContextVar("sluice_session", default=None)
@@ -64,14 +71,12 @@ class Session:
 
     def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` in the session's sandbox and return its value."""
-        source = getattr(getattr(function, "__code__", None), "co_filename", None)
         if isinstance(function, RemoteFunction):
             missing = set(normalize_packages([*self.packages, *function.packages])) - set(self.packages)
             if missing:
                 raise ConfigurationError(f"{function.name} needs {sorted(missing)}, which this session was not opened "
                                          f"with (packages={list(self.packages)}); list them in sluice.session(packages=)")
             function = function.function
-            source = function.__code__.co_filename
         number = next(self._numbers)
         message = seal(self.app.settings.signing_secret(), {"n": number, "payload": encode(pack_call(function, args, kwargs))})
         self.app.redis.rpush(keys.session(self.id, "calls"), json.dumps(message))
@@ -79,7 +84,7 @@ class Session:
         self.output, self.limits = list(reply["output"]), list(reply["limits"])
         if reply.get("error"):
             raise MemoryKilled(reply["error"])
-        return open_reply(loads(decode(reply["payload"])), reply.get("worker"), source)
+        return open_reply(loads(decode(reply["payload"])), reply.get("worker"), source_file(function))
 
     def _reply(self, number: int) -> dict[str, Any]:
         secret = self.app.settings.signing_secret()
@@ -90,8 +95,9 @@ class Session:
                 if reply["n"] == number:
                     return reply
             elif self.handle.result.ready():
-                self.handle.get(timeout=1)  # raises the session's failure
-                raise ConfigurationError(f"session {self.id} ended before replying to call {number}")
+                ended = self.handle.result.get(timeout=1)  # raises the session's failure, if it failed
+                raise TaskFailed(f"session {self.id} ended before replying to call {number}: "
+                                         f"{ended['ended']}")
 
     def close(self) -> None:
         self._stop.set()
@@ -99,7 +105,7 @@ class Session:
         client.rpush(keys.session(self.id, "calls"), json.dumps(seal(self.app.settings.signing_secret(), {"close": True})))
         client.delete(keys.session(self.id, "lease"))
         try:
-            self.handle.get(timeout=10)
+            self.handle.result.get(timeout=10)
         except Exception:  # noqa: BLE001 - closing must not mask the block's own outcome
             pass
         client.delete(keys.session(self.id, "calls"), keys.session(self.id, "replies"))

@@ -107,9 +107,15 @@ def reset(client: redis.Redis, run_id: str) -> None:
     client.delete(keys.run(run_id, "finished"), keys.run(run_id, "ranks_left"))
 
 
-def record_exit(client: redis.Redis, run_id: str, code: int) -> None:
-    """Rank 0: the run is over; the other ranks exit with ``code``."""
+def release(client: redis.Redis, ranks: Ranks, run_id: str, code: int, timeout: float = 30.0) -> None:
+    """Rank 0: record that the run is over (the other ranks exit with ``code``) and wait, bounded,
+    until they have heard it, so that stopping the embedded Redis does not cut them off first."""
     client.set(keys.run(run_id, "finished"), code, ex=24 * 3600)
+    deadline = time.monotonic() + timeout
+    while int(client.get(keys.run(run_id, "ranks_left")) or 0) < ranks.world_size - 1:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
 
 
 def finished(client: redis.Redis, run_id: str) -> int | None:
@@ -121,7 +127,3 @@ def finished(client: redis.Redis, run_id: str) -> int | None:
 def leave(client: redis.Redis, run_id: str) -> None:
     """A rank other than 0 has seen the end of the run and stopped its workers."""
     client.incr(keys.run(run_id, "ranks_left"))
-
-
-def ranks_left(client: redis.Redis, run_id: str) -> int:
-    return int(client.get(keys.run(run_id, "ranks_left")) or 0)

@@ -27,6 +27,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE, WORKER_DIRECT_QUEUE_FORMAT
 
 from sluice import keys
 from sluice.tasks.escalation import ATTEMPT_HEADER, STICKY_HEADER
@@ -36,9 +37,8 @@ from sluice.workers.periodic import Periodic
 log = logging.getLogger("sluice.reaper")
 
 #: kombu's binding table of Celery's direct-queue exchange: one member per worker direct queue.
-DIRECT_BINDINGS = "_kombu.binding.C.dq2"
+DIRECT_BINDINGS = f"_kombu.binding.{WORKER_DIRECT_EXCHANGE.name}"
 BINDING_SEPARATOR = "\x06\x16"
-DIRECT_SUFFIX = ".dq2"
 
 
 class OrphanReaper(Periodic):
@@ -79,11 +79,15 @@ class OrphanReaper(Periodic):
 
     def rehome_direct_queues(self) -> list[str]:
         """Move messages waiting in dead workers' direct queues to their home queues."""
+        queues = [m.decode().rsplit(BINDING_SEPARATOR, 1)[-1] for m in self.client.smembers(DIRECT_BINDINGS)]
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:  # one round trip for every worker the binding table remembers
+            pipe.exists(keys.worker_heartbeat(direct_queue_owner(queue)))
+            pipe.llen(queue)
+        replies = pipe.execute()
         moved = []
-        for member in self.client.smembers(DIRECT_BINDINGS):
-            queue = member.decode().rsplit(BINDING_SEPARATOR, 1)[-1]
-            hostname = queue.removesuffix(DIRECT_SUFFIX)
-            if queue == hostname or self.client.exists(keys.worker_heartbeat(hostname)):
+        for queue, alive, waiting in zip(queues, replies[::2], replies[1::2]):
+            if alive or not waiting:
                 continue
             for raw in self.client.lrange(queue, 0, -1):
                 message = json.loads(raw)
@@ -113,3 +117,8 @@ class OrphanReaper(Periodic):
         """kombu's own restore (queue lookup, priorities, redelivered flag), on a short-lived channel."""
         with self.app.connection_for_write() as connection:
             connection.default_channel.qos.restore_by_tag(tag.decode())
+
+
+def direct_queue_owner(queue: str) -> str:
+    """The worker a direct queue belongs to (``cpu@host.dq2`` -> ``cpu@host``)."""
+    return queue.removesuffix(WORKER_DIRECT_QUEUE_FORMAT.format(hostname=""))

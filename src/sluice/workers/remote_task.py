@@ -78,7 +78,8 @@ def check_call(app: Any, request: Any, call: object) -> dict[str, Any]:
     if not accepts_remote(app, queue, request.hostname):
         raise InvalidRequestError(f"refusing remote call {fields.get('function')} on queue {queue!r}: it does not take "
                                   f"remote calls (remote_classes: {app.settings.remote_classes or 'all classes'})")
-    wanted, have = fields.get("gpu_memory"), gpu_memory()
+    wanted = fields.get("gpu_memory")
+    have = gpu_memory() if wanted else None  # nvidia-smi only for the calls that reserve GPU memory
     if wanted and have is not None and have < wanted:
         raise InvalidRequestError(f"refusing remote call {fields.get('function')}: it reserves {format_size(wanted)} "
                                   f"of GPU memory and this worker's GPU has {format_size(have)}")

@@ -24,7 +24,7 @@ import psutil
 from sluice.deploy.embedded import die_with_parent
 from sluice.units import format_size
 from sluice.workers import sandbox_main
-from sluice.workers.watchdog import kill_tree, tree_rss
+from sluice.workers.watchdog import ProcessTree, kill_tree
 
 
 class SandboxDied(Exception):
@@ -158,21 +158,13 @@ class Sandbox:
         self._call_done.set()
 
     def _monitor(self, tree_refresh: float = 0.2) -> None:
-        """Grow the limit at ``threshold``; kill past it. Who is in the tree (a scan of every
-        process) is refreshed every ``tree_refresh`` seconds; their memory on every tick."""
+        """Grow the limit at ``threshold``; kill past it."""
         try:
-            root = psutil.Process(self.process.pid)
+            tree = ProcessTree(psutil.Process(self.process.pid), tree_refresh)
         except psutil.Error:
             return
-        members, refreshed = [root], 0.0
         while not self._stopped.wait(self.interval):
-            now = time.monotonic()
-            if now - refreshed >= tree_refresh:
-                try:
-                    members, refreshed = [root, *root.children(recursive=True)], now
-                except psutil.Error:
-                    return
-            rss = tree_rss(members)
+            rss = tree.rss(time.monotonic())
             if rss is None:
                 return
             self.peak = max(self.peak, rss)
@@ -184,5 +176,5 @@ class Sandbox:
                 self.limits.append(grown)
             if rss > self.limit:
                 self.killed_at = self.limit
-                kill_tree(root)
+                kill_tree(tree.root)
                 return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -68,6 +69,28 @@ def tree_rss(members: list[psutil.Process]) -> int | None:
     return total
 
 
+class ProcessTree:
+    """A process and its descendants, measured often and cheaply: who is in the tree (a scan of
+    every process on the machine) is refreshed every ``refresh`` seconds, while each member's
+    resident memory is read on every :meth:`rss`."""
+
+    def __init__(self, root: psutil.Process, refresh: float) -> None:
+        self.root = root
+        self.refresh = refresh
+        self._members = [root]
+        self._refreshed = -math.inf
+
+    def rss(self, now: float) -> int | None:
+        """Resident bytes of the tree; None when the root is dead."""
+        if now - self._refreshed >= self.refresh:
+            try:
+                self._members = [self.root, *self.root.children(recursive=True)]
+            except psutil.Error:
+                self._members = [self.root]
+            self._refreshed = now
+        return tree_rss(self._members)
+
+
 def _zombie(process: psutil.Process | None) -> bool:
     try:
         return process is None or process.status() == psutil.STATUS_ZOMBIE
@@ -109,7 +132,7 @@ class MemoryWatchdog(Periodic):
         self.tree_refresh = tree_refresh
         self.on_dead = on_dead
         self._processes: dict[int, psutil.Process] = {}
-        self._trees: dict[int, tuple[float, list[psutil.Process]]] = {}
+        self._trees: dict[int, ProcessTree] = {}
         self._first_seen: dict[str, float] = {}
         self._reported: set[int] = set()
 
@@ -126,15 +149,11 @@ class MemoryWatchdog(Periodic):
                 return None
         return process
 
-    def _tree(self, process: psutil.Process, now: float) -> list[psutil.Process]:
-        cached = self._trees.get(process.pid)
-        if cached is None or now - cached[0] >= self.tree_refresh:
-            try:
-                cached = (now, [process, *process.children(recursive=True)])
-            except psutil.Error:
-                cached = (now, [process])
-            self._trees[process.pid] = cached
-        return cached[1]
+    def _tree(self, process: psutil.Process) -> ProcessTree:
+        tree = self._trees.get(process.pid)
+        if tree is None or tree.root is not process:
+            tree = self._trees[process.pid] = ProcessTree(process, self.tree_refresh)
+        return tree
 
     def check_once(self, now: float | None = None) -> list[MemoryKill]:
         """One pass over the running tasks; returns the kills made."""
@@ -153,7 +172,7 @@ class MemoryWatchdog(Periodic):
             if now - self._first_seen.setdefault(item.task_id, now) < self.interval:
                 continue
             process = self._process(item.pid)
-            rss = None if process is None else tree_rss(self._tree(process, now))
+            rss = None if process is None else self._tree(process).rss(now)
             if rss is None or _zombie(process):
                 self._report_dead(item.pid)
             elif rss > item.limit:
