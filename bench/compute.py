@@ -58,8 +58,9 @@ def celery_group_run(items: int, home: Path) -> float:
         env = os.environ | {"SLUICE_BROKER_URL": server.url, "PYTHONPATH": str(ROOT)}
         os.environ["SLUICE_BROKER_URL"] = server.url
         sys.path.insert(0, str(ROOT))
-        from bench import apps
         from celery import group
+
+        from bench import apps
 
         worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "bench.apps:plain_app", "worker", "-Q",
                                    "plain", "-c", "2", "--without-mingle", "--without-gossip", "--loglevel", "WARNING"],
@@ -77,8 +78,8 @@ def celery_group_run(items: int, home: Path) -> float:
 
 def resume_skip(ids: int, home: Path) -> float:
     """Read a sink of ``ids`` done ids and skip a plan of the same ids (what --resume does first)."""
-    from sluice.client.sink import Sink
-    from sluice.client.taskfile import TaskFile
+    from sluice.client.batch.sink import Sink
+    from sluice.client.batch.taskfile import TaskFile
 
     sink_dir = home / "resume"
     sink_dir.mkdir()

@@ -38,7 +38,7 @@ def run_round(kind: str, tasks: int, env: dict[str, str]) -> float:
         task.delay().get(timeout=60)  # warm: the worker is up and consuming
         start = time.perf_counter()
         ids = [task.delay().id for _ in range(tasks)]
-        keys = [f"celery-task-meta-{i}" for i in ids]
+        keys = [app.backend.get_key_for_task(i) for i in ids]  # the result keys, as Celery names them
         pending = keys
         deadline = time.monotonic() + 600
         while pending and time.monotonic() < deadline:

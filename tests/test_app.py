@@ -11,24 +11,27 @@ import pytest
 import redis
 
 from sluice import App, Compute, ResourceClass
+from sluice._kombu import RedisLayout
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import ConfigurationError, NoQueueFits
-from sluice.queues.status import queue_depth
+
+#: The default kombu layout: the test apps use the default transport options.
+LAYOUT = RedisLayout()
 
 
 def test_delay_routes_by_effective_compute(basic_app: ModuleType, redis_client: redis.Redis) -> None:
     basic_app.default_task.delay()
     basic_app.big_task.delay()
     basic_app.big_task.delay()
-    assert queue_depth(redis_client, "cpu") == 1
-    assert queue_depth(redis_client, "highmem") == 2
+    assert LAYOUT.queue_depth(redis_client, "cpu") == 1
+    assert LAYOUT.queue_depth(redis_client, "highmem") == 2
 
 
 def test_explicit_queue_wins_for_that_call_only(basic_app: ModuleType, redis_client: redis.Redis) -> None:
     basic_app.big_task.apply_async(queue="cpu")
-    assert (queue_depth(redis_client, "cpu"), queue_depth(redis_client, "highmem")) == (1, 0)
+    assert (LAYOUT.queue_depth(redis_client, "cpu"), LAYOUT.queue_depth(redis_client, "highmem")) == (1, 0)
     basic_app.big_task.delay()
-    assert (queue_depth(redis_client, "cpu"), queue_depth(redis_client, "highmem")) == (1, 1)
+    assert (LAYOUT.queue_depth(redis_client, "cpu"), LAYOUT.queue_depth(redis_client, "highmem")) == (1, 1)
 
 
 def test_effective_compute_inherits_per_axis(basic_app: ModuleType) -> None:
@@ -72,7 +75,7 @@ def test_custom_catalog_and_default_compute(redis_server: EmbeddedRedis, redis_c
     assert app.route(medium.name).name == "large"
     assert app.route(plain.name).name == "small"
     medium.delay()
-    assert queue_depth(redis_client, "large") == 1
+    assert LAYOUT.queue_depth(redis_client, "large") == 1
 
 
 def test_default_compute_that_fits_nowhere_fails_at_app_creation(redis_server: EmbeddedRedis) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sluice.client.sink import repair_torn_tail
+from sluice.client.batch.sink import repair_torn_tail
 from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.integration

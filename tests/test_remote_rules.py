@@ -18,11 +18,21 @@ import numpy as np
 import pytest
 
 import sluice
-from sluice.client.packages import environment_key, normalize_packages, plan_install
-from sluice.client.serialization import dumps, import_hints, pack_call
-from sluice.client.signing import decode, encode, seal, unseal
-from sluice.errors import ConfigurationError, InvalidPackageError, InvalidRequestError, SerializationError
-from sluice.workers.package_envs import READY, EnvironmentCache
+from sluice.client.remote.packages import (
+    environment_key,
+    normalize_packages,
+    plan_install,
+)
+from sluice.client.remote.serialization import dumps, import_hints, pack_call
+from sluice.client.remote.settings import RemoteSettings
+from sluice.client.remote.signing import decode, encode, seal, unseal
+from sluice.errors import (
+    ConfigurationError,
+    InvalidPackageError,
+    InvalidRequestError,
+    SerializationError,
+)
+from sluice.workers.remote.package_envs import READY, EnvironmentCache
 
 Gi, Mi = 1 << 30, 1 << 20
 
@@ -139,8 +149,8 @@ def test_default_memory_comes_from_settings_and_never_exceeds_the_ceiling() -> N
     assert unset.memory is None and unset.start(Gi) == Gi  # the operator's default (1Gi unless configured)
     assert unset.start(3 * Gi) == 3 * Gi
     assert sluice.remote(max_memory="512Mi")(lambda: None).budget.start(Gi) == 512 * Mi
-    assert sluice.Settings.load(env={"SLUICE_REMOTE_MEMORY": "2Gi"}).remote_memory == 2 * Gi
-    assert sluice.Settings.load(env={}).remote_memory == Gi
+    assert sluice.Settings.load(env={"SLUICE_REMOTE_MEMORY": "2Gi"}).section(RemoteSettings).remote_memory == 2 * Gi
+    assert sluice.Settings.load(env={}).section(RemoteSettings).remote_memory == Gi
 
 
 # ---- Pickling ---------------------------------------------------------------------------------

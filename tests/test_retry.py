@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from sluice import App, Backoff, Compute, ComputeEscalation, ResourceClass, RetryOn, RetryPolicy, Transient
+from sluice import (
+    App,
+    Backoff,
+    Compute,
+    ComputeEscalation,
+    ResourceClass,
+    RetryOn,
+    RetryPolicy,
+    Transient,
+)
 from sluice.errors import ConfigurationError, NoQueueFits
-from sluice.tasks.retry import Reason, classify, decide, summarize, attempt_record
+from sluice.tasks.retry import Reason, attempt_record, classify, decide, summarize
 
 Gi = 1 << 30
 POLICY = RetryPolicy(max_retries=3, retry_on=RetryOn.TRANSIENT, escalate=ComputeEscalation(factor=2.0, max_memory="64Gi"))

@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.errors import ConfigurationError
-from sluice.units import format_cpu, format_memory, format_size, parse_cpu, parse_memory, parse_size
+from sluice.units import (
+    format_cpu,
+    format_memory,
+    format_size,
+    parse_cpu,
+    parse_memory,
+    parse_size,
+)
 
 Ki, Mi, Gi, Ti = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 

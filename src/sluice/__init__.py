@@ -1,73 +1,72 @@
-"""sluice: a Celery + Redis task queue that knows what each task needs."""
+"""sluice: a Celery + Redis task queue that knows what each task needs.
 
-from sluice.app import App
-from sluice.assets import Asset, AssetDef, CodeRepository, Executor, MaterializeResult
-from sluice.client.remote import remote
-from sluice.client.session import session
-from sluice.compute import Compute
-from sluice.config import Settings
-from sluice.errors import (
-    AttemptFailed,
-    BrokerUnavailable,
-    ConfigurationError,
-    DefinitionError,
-    GpuUnavailable,
-    InvalidPackageError,
-    InvalidRequestError,
-    MemoryExhausted,
-    MemoryKilled,
-    NoQueueFits,
-    RemoteError,
-    RetriesExhausted,
-    SerializationError,
-    SluiceError,
-    TaskFailed,
-    Transient,
-    WorkerLost,
-)
-from sluice.queues import Catalog, ResourceClass
-from sluice.tasks.history import attempts
-from sluice.tasks.retry import Backoff, ComputeEscalation, RetryOn, RetryPolicy
+The public API is re-exported here and loaded on first use (PEP 562), so ``import
+sluice.compute`` or ``sluice.units`` loads no Celery worker code and no capability.
+:func:`default_capabilities` is the one list of what an App can do by default.
+"""
 
-__all__ = [
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sluice.capability import Capability
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
     # core model
-    "App",
-    "Compute",
-    "Settings",
+    "App": "sluice.app",
+    "Compute": "sluice.compute",
+    "Settings": "sluice.config",
+    "Capability": "sluice.capability",
     # resource classes
-    "Catalog",
-    "ResourceClass",
+    "Catalog": "sluice.queues.catalog",
+    "ResourceClass": "sluice.queues.catalog",
     # retries and escalation
-    "RetryPolicy",
-    "RetryOn",
-    "ComputeEscalation",
-    "Backoff",
-    "Transient",
-    "attempts",
+    "RetryPolicy": "sluice.tasks.retry",
+    "RetryOn": "sluice.tasks.retry",
+    "ComputeEscalation": "sluice.tasks.retry",
+    "Backoff": "sluice.tasks.retry",
+    "Transient": "sluice.errors",
+    "attempts": "sluice.tasks.history",
     # assets
-    "Asset",
-    "AssetDef",
-    "CodeRepository",
-    "Executor",
-    "MaterializeResult",
+    "Asset": "sluice.assets",
+    "AssetDef": "sluice.assets",
+    "CodeRepository": "sluice.assets",
+    "Executor": "sluice.assets",
+    "MaterializeResult": "sluice.assets",
     # remote functions
-    "remote",
-    "session",
+    "remote": "sluice.client.remote",
+    "session": "sluice.client.remote",
     # errors
-    "SluiceError",
-    "ConfigurationError",
-    "DefinitionError",
-    "NoQueueFits",
-    "GpuUnavailable",
-    "BrokerUnavailable",
-    "TaskFailed",
-    "MemoryKilled",
-    "WorkerLost",
-    "AttemptFailed",
-    "RetriesExhausted",
-    "MemoryExhausted",
-    "InvalidPackageError",
-    "SerializationError",
-    "InvalidRequestError",
-    "RemoteError",
-]
+    **{name: "sluice.errors" for name in (
+        "SluiceError", "ConfigurationError", "DefinitionError", "NoQueueFits", "GpuUnavailable",
+        "BrokerUnavailable", "TaskFailed", "MemoryKilled", "WorkerLost", "AttemptFailed", "RetriesExhausted",
+        "MemoryExhausted", "InvalidPackageError", "SerializationError", "InvalidRequestError", "RemoteError",
+        "SandboxDied", "SandboxCrashed", "CallTimeout")},
+}
+
+__all__ = [*_EXPORTS, "default_capabilities"]
+
+
+def default_capabilities() -> list[Capability]:
+    """What every App can do unless built with ``capabilities=``: batch runs, remote functions, assets."""
+    from sluice.assets.capability import ASSETS
+    from sluice.workers.batch import BATCH
+    from sluice.workers.remote import REMOTE
+
+    return [BATCH, REMOTE, ASSETS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sluice' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

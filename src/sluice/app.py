@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import click
 import redis
-from celery import Celery
+from celery import Celery, Task
 
-from sluice.assets.step_task import RUN_STEP_TASK, run_step
-from sluice.client.chunk_task import RUN_CHUNK_TASK, run_chunk
+import sluice
 from sluice.compute import Compute
 from sluice.config import Settings, embedded_broker_url
 from sluice.errors import ConfigurationError
@@ -20,8 +20,10 @@ from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.routing import ComputeRouter
 from sluice.tasks.base import ComputeTask
 from sluice.tasks.retry import RetryPolicy
-from sluice.workers.bootsteps import SluiceWorkerStep
-from sluice.workers.remote_task import REMOTE_TASK, SESSION_TASK, run_remote, run_session
+from sluice.workers.bootstep import SluiceWorkerStep
+
+if TYPE_CHECKING:
+    from sluice.capability import Capability
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 #: Where an app points when nothing is configured and no ``sluice up`` is running.
@@ -57,17 +59,40 @@ def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
     }
 
 
+#: Options ``@app.task`` accepts besides Celery's own: sluice's.
+SLUICE_TASK_OPTIONS = ("compute", "retry")
+#: Celery task options read from the task class by name, not declared on ``celery.Task`` itself.
+_CELERY_EXTRA_OPTIONS = ("shared", "lazy", "filter", "autoretry_for", "dont_autoretry_for", "retry_kwargs",
+                         "retry_backoff", "retry_backoff_max", "retry_jitter", "queue", "routing_key", "exchange",
+                         "exchange_type", "compression", "store_eager_result", "backend")
+
+
+@functools.cache
+def celery_task_options() -> tuple[str, ...]:
+    """Every option Celery's ``@app.task`` accepts: its keywords and the ``Task`` class's settings."""
+    keywords = [n for n in inspect.signature(Celery._task_from_fun).parameters if n not in ("self", "fun", "options")]
+    attributes = [n for cls in Task.__mro__ for n, v in vars(cls).items()  # vars: no deprecated getter runs
+                  if not n.startswith("_") and not callable(v) and not isinstance(v, (property, classmethod, staticmethod))
+                  and n not in ("app", "request_stack")]
+    return tuple(sorted({*keywords, *attributes, *_CELERY_EXTRA_OPTIONS, "Request", "Strategy"}))
+
+
 class App(Celery):
     """A Celery app whose tasks declare compute and are routed to the smallest class that fits.
 
     ``App("myapp")`` reads :class:`sluice.Settings` (env, sluice.toml, pyproject); arguments
     given here win over them. ``classes=`` replaces the configured catalog outright.
+    ``capabilities=`` picks what the app can do besides plain tasks (default:
+    ``sluice.default_capabilities()``: batch runs, remote functions, assets).
     """
 
     def __init__(self, main: str | None = None, *, default_compute: Compute | None = None,
                  classes: Iterable[ResourceClass] | None = None, settings: Settings | None = None,
-                 broker: str | None = None, backend: str | None = None, **kwargs: Any) -> None:
-        settings = settings or Settings.load()
+                 broker: str | None = None, backend: str | None = None,
+                 capabilities: Iterable[Capability] | None = None, **kwargs: Any) -> None:
+        self.capabilities: tuple[Capability, ...] = tuple(
+            sluice.default_capabilities() if capabilities is None else capabilities)
+        settings = settings or Settings.load(sections=[c.settings for c in self.capabilities if c.settings])
         if default_compute is not None and not isinstance(default_compute, Compute):
             raise ConfigurationError(f"default_compute={default_compute!r} must be a sluice.Compute")
         self.settings = settings
@@ -81,20 +106,27 @@ class App(Celery):
         self.conf.update(safe_defaults(settings, self.catalog.default_class.name))
         self.conf.task_routes = (ComputeRouter(self),)
         self.steps["worker"].add(SluiceWorkerStep)
-        self.task(name=RUN_STEP_TASK, bind=True, shared=False)(run_step)
-        self.task(name=RUN_CHUNK_TASK, bind=True, shared=False)(run_chunk)
-        self.task(name=REMOTE_TASK, bind=True, shared=False)(run_remote)
-        self.task(name=SESSION_TASK, bind=True, shared=False)(run_session)
         self.user_options["worker"].add(click.Option(
             ["--allow-no-gpu"], is_flag=True, default=False,
             help="Let this worker consume gpu classes on a machine without a GPU (development only)."))
+        for capability in self.capabilities:
+            capability.install(self)
+
+    @classmethod
+    @functools.cache
+    def default(cls) -> App:
+        """The one app sluice uses when none is given (remote functions, assets on workers, the
+        batch runner's local workers): every default capability, settings from the environment."""
+        return cls("sluice")
 
     #: Set by the worker bootstep: this worker process's unique instance id (None outside workers).
     worker_instance: str | None = None
 
     def task(self, *args: Any, **opts: Any) -> Any:
         """Celery's ``@app.task``, plus ``compute=`` and ``retry=``, checked here at decoration time:
-        a compute no class holds, or a policy whose max_memory no class holds, fails at import."""
+        an unknown option, a compute no class holds, or a policy whose max_memory no class holds,
+        fails at import."""
+        _check_options(opts, args[0] if args and callable(args[0]) else None)
         if "retry" in opts:
             opts["retry_policy"] = opts.pop("retry")
         if args and callable(args[0]):
@@ -131,6 +163,16 @@ class App(Celery):
     def redis(self) -> redis.Redis:
         """A redis-py client on the broker's Redis (sluice keeps its own state there too)."""
         return redis.Redis.from_url(self.conf.broker_url)
+
+
+def _check_options(opts: dict[str, Any], fun: Any) -> None:
+    accepted = (*SLUICE_TASK_OPTIONS, *celery_task_options())
+    unknown = sorted(set(opts) - set(accepted) - {"retry_policy"})
+    if unknown:
+        where = f"{_task_name(fun, opts)}: " if fun is not None else ""
+        raise ConfigurationError(
+            f"{where}unknown task option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"sluice accepts {', '.join(SLUICE_TASK_OPTIONS)} and Celery's own: {', '.join(celery_task_options())}")
 
 
 def _task_name(fun: Any, opts: dict[str, Any]) -> str:

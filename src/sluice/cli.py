@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.table import Table
 
 from sluice.app import App
-from sluice.client.compute_cli import compute
+from sluice.client.batch.cli import compute
 from sluice.config import Settings, embedded_broker_url
 from sluice.deploy.commands import autoscale, deploy, metrics
-from sluice.queues.catalog import Catalog
 from sluice.errors import BrokerUnavailable, SluiceError
+from sluice.queues.catalog import Catalog
 from sluice.units import format_cpu, format_memory
 from sluice.workers.gpu import gpu_count
 

@@ -9,7 +9,9 @@ Precedence, highest first:
 5. built-in defaults.
 
 Resource classes from every layer are merged by name onto the default ladder (see
-:meth:`sluice.queues.Catalog.merged`).
+:meth:`sluice.queues.Catalog.merged`). A capability's settings are its own :class:`Section`,
+read from the same layers and flat keys (``remote_secret``, ``SLUICE_REMOTE_SECRET``), and
+validated when the settings are loaded.
 """
 
 from __future__ import annotations
@@ -17,24 +19,35 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from sluice.compute import Compute
 from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog
-from sluice.units import parse_size
 
 SETTING_KEYS = ("broker_url", "result_backend", "default_cpu", "default_memory", "visibility_timeout",
-                "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes",
-                "remote_secret", "remote_memory", "remote_classes", "remote_growth_threshold",
-                "remote_growth_factor", "remote_memory_share", "env_dir", "env_cache_size",
-                "fresh_env_per_call", "stream_logs")
+                "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes")
 
 #: Longer than any task should run: a task still running on a live worker must never be redelivered.
 DEFAULT_VISIBILITY_TIMEOUT = 6 * 3600
+
+
+class Section(Protocol):
+    """A capability's settings: a frozen dataclass built from the merged layers' table."""
+
+    #: The flat setting keys this section reads (env: ``SLUICE_<KEY>``).
+    KEYS: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any], home: Path, catalog: Catalog) -> Section:
+        """Validate and build; a bad value raises ConfigurationError naming it."""
+        ...
+
+
+S = TypeVar("S")
 
 
 @dataclass(frozen=True)
@@ -54,43 +67,43 @@ class Settings:
     orphan_grace: float = 60.0
     home: Path = field(default_factory=lambda: Path.home() / ".sluice")
     catalog: Catalog = field(default_factory=lambda: Catalog.merged({}))
-    #: Shared secret that signs remote-call payloads (HMAC-SHA256); no secret, no remote calls.
-    remote_secret: str | None = None
-    #: A remote function's starting memory when it names none.
-    remote_memory: int = 1 << 30
-    #: Classes whose workers run remote calls; None means every class.
-    remote_classes: tuple[str, ...] | None = None
-    #: A sandbox's limit grows when its memory passes this share of the limit ...
-    remote_growth_threshold: float = 0.9
-    #: ... by this factor, up to max_memory.
-    remote_growth_factor: float = 2.0
-    #: Without max_memory, growth stops at this share of the worker's slot.
-    remote_memory_share: float = 0.8
-    #: Where workers keep package environments (default: ``<home>/envs``).
-    env_dir: Path | None = None
-    #: Least-recently-used environments are removed past this many bytes.
-    env_cache_size: int = 10 << 30
-    #: True restores a fresh install for every call (no environment cache).
-    fresh_env_per_call: bool = False
-    #: Stream installer and function output to the caller as it happens.
-    stream_logs: bool = False
+    #: Each capability's section, by its class (see :meth:`section`).
+    sections: Mapping[type, Any] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
-        """Read every layer (see the module docstring) and validate the result."""
+    def load(cls, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+             sections: Iterable[type[Section]] | None = None) -> Settings:
+        """Read every layer (see the module docstring) and validate the result. ``sections``:
+        the capabilities' settings sections (default: those of ``sluice.default_capabilities()``)."""
+        if sections is None:
+            import sluice  # the package, for its one list of default capabilities
+
+            sections = [c.settings for c in sluice.default_capabilities() if c.settings is not None]
+        sections = tuple(sections)
+        accepted = SETTING_KEYS + tuple(key for section in sections for key in section.KEYS)
         env = os.environ if env is None else env
         cwd = Path.cwd() if cwd is None else cwd
-        layers = [_pyproject_table(cwd / "pyproject.toml"), _toml_file(_config_path(cwd, env)), _env_table(env)]
+        layers = [_pyproject_table(cwd / "pyproject.toml"), _toml_file(_config_path(cwd, env)), _env_table(env, accepted)]
         merged: dict[str, Any] = {}
         classes: dict[str, dict[str, Any]] = {}
         for layer in layers:
-            unknown = set(layer) - set(SETTING_KEYS)
+            unknown = set(layer) - set(accepted)
             if unknown:
-                raise ConfigurationError(f"unknown sluice settings {sorted(unknown)}; accepted: {', '.join(SETTING_KEYS)}")
+                raise ConfigurationError(f"unknown sluice settings {sorted(unknown)}; accepted: {', '.join(accepted)}")
             for name, table in dict(layer.pop("classes", {})).items():
                 classes.setdefault(name, {}).update(table)
             merged.update(layer)
-        return cls._from_table(merged, classes)
+        core = cls._from_table(merged, classes)
+        built = {section: section.from_table(merged, core.home, core.catalog) for section in sections}
+        return replace(core, sections=built)
+
+    def section(self, kind: type[S]) -> S:
+        """A capability's settings section; one its capability did not load is an error."""
+        try:
+            return self.sections[kind]  # type: ignore[no-any-return]
+        except KeyError:
+            raise ConfigurationError(f"settings were loaded without the {kind.__name__} section; load them with "
+                                     "the capability that reads it installed") from None
 
     @classmethod
     def _from_table(cls, table: dict[str, Any], classes: dict[str, dict[str, Any]]) -> Settings:
@@ -101,36 +114,17 @@ class Settings:
             broker_url=table.get("broker_url") or None,
             result_backend=table.get("result_backend") or None,
             default_compute=default_compute,
-            visibility_timeout=_positive(table, "visibility_timeout", defaults.visibility_timeout, int),
-            watchdog_interval=_positive(table, "watchdog_interval", defaults.watchdog_interval, float),
-            heartbeat_interval=_positive(table, "heartbeat_interval", defaults.heartbeat_interval, float),
-            reaper_interval=_positive(table, "reaper_interval", defaults.reaper_interval, float),
-            orphan_grace=_positive(table, "orphan_grace", defaults.orphan_grace, float),
+            visibility_timeout=positive(table, "visibility_timeout", defaults.visibility_timeout, int),
+            watchdog_interval=positive(table, "watchdog_interval", defaults.watchdog_interval, float),
+            heartbeat_interval=positive(table, "heartbeat_interval", defaults.heartbeat_interval, float),
+            reaper_interval=positive(table, "reaper_interval", defaults.reaper_interval, float),
+            orphan_grace=positive(table, "orphan_grace", defaults.orphan_grace, float),
             home=Path(table["home"]).expanduser() if table.get("home") else defaults.home,
             catalog=Catalog.merged(classes),
-            remote_secret=table.get("remote_secret") or None,
-            remote_memory=parse_size(table.get("remote_memory", defaults.remote_memory), "setting remote_memory"),
-            remote_classes=_names(table, "remote_classes"),
-            remote_growth_threshold=_fraction(table, "remote_growth_threshold", defaults.remote_growth_threshold),
-            remote_growth_factor=_positive(table, "remote_growth_factor", defaults.remote_growth_factor, float),
-            remote_memory_share=_fraction(table, "remote_memory_share", defaults.remote_memory_share),
-            env_dir=Path(table["env_dir"]).expanduser() if table.get("env_dir") else None,
-            env_cache_size=parse_size(table.get("env_cache_size", defaults.env_cache_size), "setting env_cache_size"),
-            fresh_env_per_call=_flag(table, "fresh_env_per_call"),
-            stream_logs=_flag(table, "stream_logs"),
         )
 
-    @property
-    def envs_path(self) -> Path:
-        """Where a worker keeps package environments."""
-        return self.env_dir or self.home / "envs"
 
-    def signing_secret(self) -> str | None:
-        """The remote-call secret: configured, or the one of a ``sluice up`` running here."""
-        return self.remote_secret or str((embedded_state(self.home) or {}).get("remote_secret") or "") or None
-
-
-def _positive(table: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:
+def positive(table: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:
     if key not in table:
         return default
     try:
@@ -142,14 +136,14 @@ def _positive(table: Mapping[str, Any], key: str, default: Any, kind: type) -> A
     return value
 
 
-def _fraction(table: Mapping[str, Any], key: str, default: float) -> float:
-    value = _positive(table, key, default, float)
+def fraction(table: Mapping[str, Any], key: str, default: float) -> float:
+    value = positive(table, key, default, float)
     if value > 1:
         raise ConfigurationError(f"setting {key}={table[key]!r} must be a fraction between 0 and 1")
     return float(value)
 
 
-def _flag(table: Mapping[str, Any], key: str) -> bool:
+def flag(table: Mapping[str, Any], key: str) -> bool:
     value = table.get(key, False)
     if isinstance(value, bool):
         return value
@@ -161,7 +155,7 @@ def _flag(table: Mapping[str, Any], key: str) -> bool:
     raise ConfigurationError(f"setting {key}={value!r} must be true or false (1/0, yes/no, on/off)")
 
 
-def _names(table: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
+def names(table: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
     """A list of names, or in env a comma-separated string."""
     value = table.get(key)
     if value is None or value == "":
@@ -192,10 +186,10 @@ def _pyproject_table(path: Path) -> dict[str, Any]:
     return dict(_toml_file(path).get("tool", {}).get("sluice", {}))
 
 
-def _env_table(env: Mapping[str, str]) -> dict[str, Any]:
+def _env_table(env: Mapping[str, str], accepted: tuple[str, ...]) -> dict[str, Any]:
     """``SLUICE_<SETTING>`` for each setting; ``SLUICE_CLASSES`` is a JSON object of class tables."""
     table: dict[str, Any] = {}
-    for key in SETTING_KEYS:
+    for key in accepted:
         value = env.get(f"SLUICE_{key.upper()}")
         if value is None or value == "":
             continue

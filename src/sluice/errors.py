@@ -13,11 +13,15 @@
     │   ├── AttemptFailed         one attempt failed and another follows (the RETRY state's info)
     │   ├── RetriesExhausted      the retry policy is spent; the message lists every attempt
     │   │   └── MemoryExhausted   killed for memory at the policy's max_memory (or out of retries)
-    │   └── RemoteError           a remote function raised an exception that cannot be rebuilt here
+    │   ├── RemoteError           a remote function raised an exception that cannot be rebuilt here
+    │   └── SandboxCrashed        a session's sandbox died without a memory kill (exit code or signal)
     ├── Transient                 raised by a task: "retry me" under RetryOn.TRANSIENT
     ├── SerializationError        a remote call's function or arguments cannot travel (live resources)
-    └── InvalidRequestError       a worker refused a remote call: bad signature, Python version
-                                  mismatch, a queue that takes no remote calls, failed install
+    ├── InvalidRequestError       a worker refused a remote call: bad signature, Python version
+    │                             mismatch, a queue that takes no remote calls, failed install
+    ├── CallTimeout               a remote call did not finish in time (also a TimeoutError)
+    ├── ValueMissing              an asset has no value: it did not succeed, or it expired (a KeyError)
+    └── SandboxDied               inside a worker: a sandbox ended without a complete reply
 
 Errors that cross processes travel as data (type, module, message) in the result backend and
 are rebuilt by Celery on the caller's side, so each class here takes one message string.
@@ -111,3 +115,31 @@ class RemoteError(TaskFailed):
 
     The message holds the exception's type and message and the remote traceback.
     """
+
+
+class SandboxCrashed(TaskFailed):
+    """A session's sandbox died without being killed for memory; the message gives its exit code or signal."""
+
+
+class CallTimeout(SluiceError, TimeoutError):
+    """A remote call did not finish within the caller's timeout (the call itself may still run)."""
+
+
+class ValueMissing(SluiceError, KeyError):
+    """An asset has no value: its step did not succeed, or its stored value expired."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class SandboxDied(SluiceError):
+    """Inside a worker: a sandbox ended without a complete reply. ``killed_at`` is the limit it was
+    killed at when the memory monitor killed it (None: it crashed or exited by itself)."""
+
+    def __init__(self, message: str, killed_at: int | None = None) -> None:
+        super().__init__(message)
+        self.killed_at = killed_at
+
+    @property
+    def memory(self) -> bool:
+        return self.killed_at is not None

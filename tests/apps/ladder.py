@@ -6,7 +6,16 @@ import os
 import time
 from typing import Any
 
-from sluice import App, Backoff, Compute, ComputeEscalation, ResourceClass, RetryOn, RetryPolicy, Transient
+from sluice import (
+    App,
+    Backoff,
+    Compute,
+    ComputeEscalation,
+    ResourceClass,
+    RetryOn,
+    RetryPolicy,
+    Transient,
+)
 
 app = App("tests.apps.ladder", default_compute=Compute(cpu="1", memory="100Mi"), classes=[
     ResourceClass("small", Compute(cpu="1", memory="150Mi"), slots=2),

@@ -19,22 +19,19 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 
+from sluice.app import App
 from sluice.assets.context import AssetContext
 from sluice.assets.definition import Step
 from sluice.assets.result import FAILED, SUCCEEDED, StepOutcome
 from sluice.assets.store import MemoryStore, RedisStore, Store
 from sluice.compute import Compute
 from sluice.errors import DefinitionError
-from sluice.queues.routing import COMPUTE_HEADER
-from sluice.tasks.escalation import POLICY_HEADER
+from sluice.headers import Headers
 from sluice.tasks.history import attempts
-
-if TYPE_CHECKING:
-    from sluice.app import App
 
 Inputs = dict[str, tuple[str, str]]  # parameter -> (run id, asset name) in the store
 
@@ -136,10 +133,8 @@ class KubernetesExecutor(Executor):
 
     def __init__(self, worker_cpu: str, worker_memory: str, app: App | None, store_path: str | Path | None,
                  concurrency: int, timeout: float) -> None:
-        from sluice.app import App
-
         self.defaults = Compute(cpu=worker_cpu, memory=worker_memory)
-        self.app = app or App("sluice.assets")
+        self.app = app or App.default()
         self.store_path = Path(store_path) if store_path else self.app.settings.home / "assets"
         self.store = RedisStore(self.app.redis, self.store_path)
         self.concurrency = concurrency
@@ -161,9 +156,7 @@ class KubernetesExecutor(Executor):
     def run_step(self, step: Step, run_id: str, inputs: Inputs) -> StepOutcome:
         from sluice.assets.step_task import RUN_STEP_TASK
 
-        headers: dict[str, Any] = {COMPUTE_HEADER: self.compute_of(step).to_dict()}
-        if step.retry is not None:
-            headers[POLICY_HEADER] = step.retry.to_dict()
+        headers = Headers(compute=self.compute_of(step), policy=step.retry).encode()
         result = self.app.tasks[RUN_STEP_TASK].apply_async(
             args=(step.ref, run_id, {p: list(ref) for p, ref in inputs.items()}, str(self.store_path)),
             headers=headers)

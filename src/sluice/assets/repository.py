@@ -9,7 +9,13 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from sluice.assets.definition import Step
 from sluice.assets.executors import Executor
-from sluice.assets.result import SKIPPED, SUCCEEDED, AssetResult, MaterializeResult, StepOutcome
+from sluice.assets.result import (
+    SKIPPED,
+    SUCCEEDED,
+    AssetResult,
+    MaterializeResult,
+    StepOutcome,
+)
 from sluice.errors import DefinitionError
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sluice.errors import ValueMissing
+
 if TYPE_CHECKING:
     from sluice.assets.executors import Executor
     from sluice.assets.repository import CodeRepository
@@ -37,7 +39,7 @@ class AssetResult:
     @property
     def value(self) -> Any:
         if self.status != SUCCEEDED or self.executor is None:
-            raise LookupError(f"asset {self.name} has no value: it {self.status}"
+            raise ValueMissing(f"asset {self.name} has no value: it {self.status}"
                               + (f" ({self.error})" if self.error else ""))
         return self.executor.store.get(self.run_id, self.name)
 

@@ -30,7 +30,7 @@ def run_step(task: Any, ref: str, run_id: str, inputs: dict[str, list[str]], sto
     """Bound Celery task body (registered by every sluice App under ``RUN_STEP_TASK``)."""
     step = load_step(ref)
     request = task.request
-    attempt = Attempt.of(task, vars(request), request.delivery_info)
+    attempt = Attempt.of(task, request, request.delivery_info)
     store = RedisStore(task.app.redis, Path(store_path))
     values = {param: store.get(run, asset) for param, (run, asset) in inputs.items()}
     for asset, value in _call(step, run_id, values, attempt.number, attempt.compute).items():

@@ -16,6 +16,7 @@ import cloudpickle
 import redis
 
 from sluice import keys
+from sluice.errors import ValueMissing
 
 #: Values kept in Redis for a week: long enough to re-materialize a failed part of a run.
 VALUE_TTL = 7 * 24 * 3600
@@ -63,7 +64,7 @@ class RedisStore:
     def get(self, run_id: str, asset: str) -> Any:
         data = self.client.get(keys.asset_value(run_id, asset))
         if data is None:
-            raise KeyError(f"no stored value for asset {asset!r} of run {run_id} (expired, or never materialized)")
+            raise ValueMissing(f"no stored value for asset {asset!r} of run {run_id} (expired, or never materialized)")
         if data.startswith(_POINTER):
             data = Path(data[len(_POINTER):].decode()).read_bytes()
         return cloudpickle.loads(data)

@@ -1,1 +1,1 @@
-"""Client-side pieces: batch runs over a task file (``sluice compute``)."""
+"""Code that runs in the caller's process, one subpackage per capability (``batch``, ``remote``)."""

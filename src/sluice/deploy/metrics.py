@@ -10,7 +10,11 @@ from collections.abc import Iterator
 
 import redis
 from prometheus_client import start_http_server
-from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from sluice import keys

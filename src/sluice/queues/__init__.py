@@ -1,6 +1,6 @@
-"""Resource classes (the queues) and routing a compute to the smallest class that fits."""
+"""Resource classes (the queues): the catalog (``catalog``), the Celery router (``routing``) and
+per-class figures read from Redis (``status``)."""
 
-from sluice.queues.catalog import Catalog, ResourceClass, DEFAULT_CLASSES
-from sluice.queues.routing import ComputeRouter
+from sluice.queues.catalog import DEFAULT_CLASSES, Catalog, ResourceClass
 
-__all__ = ["Catalog", "ResourceClass", "DEFAULT_CLASSES", "ComputeRouter"]
+__all__ = ["Catalog", "ResourceClass", "DEFAULT_CLASSES"]

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sluice.compute import Compute
+from sluice.headers import Headers
 
 if TYPE_CHECKING:
     from sluice.app import App
-
-#: Message header carrying a per-message compute (set when a retry escalates it).
-COMPUTE_HEADER = "sluice_compute"
 
 
 class ComputeRouter:
@@ -27,9 +24,9 @@ class ComputeRouter:
     def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None,
                  **_: Any) -> dict[str, str]:
         headers = options.get("headers")
-        if headers and COMPUTE_HEADER in headers:
-            compute = Compute.from_dict(headers[COMPUTE_HEADER]).inherit(self.app.default_compute)
-            return {"queue": self.app.catalog.route(compute, name).name}
+        compute = Headers.read(headers).compute if headers else None
+        if compute is not None:
+            return {"queue": self.app.catalog.route(compute.inherit(self.app.default_compute), name).name}
         queue = self._by_task.get(name)
         if queue is None:
             queue = self._by_task[name] = self.app.route(name).name

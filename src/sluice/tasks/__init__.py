@@ -1,5 +1,2 @@
-"""Task-side pieces: the ComputeTask base class."""
-
-from sluice.tasks.base import ComputeTask
-
-__all__ = ["ComputeTask"]
+"""Task-side pieces: the ComputeTask base class (``base``), retry policy and escalation as data
+and pure functions (``retry``), ending an attempt (``escalation``) and the attempt history."""

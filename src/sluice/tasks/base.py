@@ -10,7 +10,8 @@ from celery.exceptions import Ignore, Retry
 
 from sluice.compute import Compute
 from sluice.errors import AttemptFailed, TaskFailed, WorkerLost
-from sluice.tasks.escalation import ATTEMPT_HEADER, Attempt, end_attempt
+from sluice.headers import attempt_of
+from sluice.tasks.escalation import Attempt, end_attempt
 from sluice.tasks.retry import Reason, RetryPolicy, classify
 from sluice.workers import ledger
 from sluice.workers.request import ComputeRequest
@@ -57,7 +58,7 @@ class ComputeTask(Task):
         instance = self.app.worker_instance
         if instance is None:
             return
-        number = int(getattr(request, ATTEMPT_HEADER, None) or 1)
+        number = attempt_of(request)
         ttl = self.app.settings.visibility_timeout + 3600
         previous = ledger.claim(self.app.redis, request.id, number, request.hostname or "?", instance, ttl)
         if previous is None or previous.attempt != number or previous.instance == instance:
@@ -75,7 +76,7 @@ class ComputeTask(Task):
 
     def _end_attempt(self, request: Any, reason: Reason, detail: str, error: BaseException) -> NoReturn:
         """Raise what the policy decided: Retry (next attempt published) or the final error."""
-        attempt = Attempt.of(self, vars(request), request.delivery_info)
+        attempt = Attempt.of(self, request, request.delivery_info)
         if attempt.policy is None:
             raise error
         outcome: TaskFailed | None = end_attempt(self, request, attempt, reason, detail, request.hostname or "?")

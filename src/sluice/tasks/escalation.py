@@ -18,22 +18,21 @@ from kombu import Queue
 from sluice import keys
 from sluice.compute import Compute
 from sluice.errors import AttemptFailed, MemoryExhausted, RetriesExhausted, TaskFailed
-from sluice.queues.routing import COMPUTE_HEADER
+from sluice.headers import Headers
 from sluice.tasks.history import append as append_history
-from sluice.tasks.retry import Reason, RetryPolicy, attempt_record, decide, describe_attempt, summarize
+from sluice.tasks.retry import (
+    Reason,
+    RetryPolicy,
+    attempt_record,
+    decide,
+    describe_attempt,
+    summarize,
+)
 
 if TYPE_CHECKING:
     from sluice.tasks.base import ComputeTask
 
 log = logging.getLogger("sluice.escalation")
-
-ATTEMPT_HEADER = "sluice_attempt"
-#: Message header carrying a per-message retry policy (asset steps share one task).
-POLICY_HEADER = "sluice_retry"
-#: Message header naming the message's home queue: retries go to the same worker (its
-#: worker_direct queue) while that worker lives, else back to the home queue.
-STICKY_HEADER = "sluice_sticky"
-
 
 @dataclass(frozen=True)
 class Attempt:
@@ -46,14 +45,13 @@ class Attempt:
     sticky: str | None = None   #: the home queue of a sticky message
 
     @classmethod
-    def of(cls, task: ComputeTask, fields: dict[str, Any], delivery_info: dict[str, Any] | None) -> Attempt:
-        """Read from a request's fields (custom headers arrive there); headers win over the task."""
-        header = fields.get(COMPUTE_HEADER)
-        compute = (Compute.from_dict(header).inherit(task.app.default_compute) if header
+    def of(cls, task: ComputeTask, request: Any, delivery_info: dict[str, Any] | None) -> Attempt:
+        """Read from a request (or its ``request_dict``): its headers win over the task's options."""
+        headers = Headers.read(request)
+        compute = (headers.compute.inherit(task.app.default_compute) if headers.compute is not None
                    else task.app.effective_compute(task.name))
-        policy = fields.get(POLICY_HEADER)
-        return cls(int(fields.get(ATTEMPT_HEADER) or 1), compute, (delivery_info or {}).get("routing_key") or "?",
-                   RetryPolicy.from_dict(policy) if policy else task.retry_policy, fields.get(STICKY_HEADER) or None)
+        return cls(headers.attempt, compute, (delivery_info or {}).get("routing_key") or "?",
+                   headers.policy or task.retry_policy, headers.sticky)
 
 
 def next_queue(task: ComputeTask, attempt: Attempt, compute: Compute, reason: Reason, worker: str) -> str | Queue:
@@ -83,10 +81,9 @@ def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reaso
     history = append_history(task.app.redis, context.id, record)
     if decision.retry:
         target = next_queue(task, attempt, decision.compute, reason, worker)
-        headers = {**(context.headers or {}), COMPUTE_HEADER: decision.compute.to_dict(),
-                   ATTEMPT_HEADER: attempt.number + 1, STICKY_HEADER: attempt.sticky}
-        if policy is not task.retry_policy and policy is not None:
-            headers[POLICY_HEADER] = policy.to_dict()  # a per-message policy travels on
+        travelling = policy if policy is not task.retry_policy else None  # a per-message policy travels on
+        headers = {**(context.headers or {}), **Headers(attempt.number + 1, decision.compute, travelling,
+                                                         attempt.sticky).encode()}
         task.signature_from_request(context, queue=target, headers=headers,
                                     countdown=decision.countdown or None).apply_async()
         if decision.compute != attempt.compute:

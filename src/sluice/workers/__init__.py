@@ -1,1 +1,2 @@
-"""Worker-side pieces: the bootstep, memory watchdog, heartbeat and request class."""
+"""Code that runs inside a worker: the core (bootstep, request, watchdog, heartbeat, ledger,
+reaper, health) and one subpackage per capability (``batch``, ``remote``)."""

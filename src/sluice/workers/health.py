@@ -7,12 +7,11 @@ is missing, or older than three intervals, means the worker is not doing its job
 from __future__ import annotations
 
 import enum
-import json
 import time
 
 import redis
 
-from sluice import keys
+from sluice.workers.heartbeat import read_heartbeat
 
 
 class Health(enum.IntEnum):
@@ -27,12 +26,12 @@ class Health(enum.IntEnum):
 def check_worker(client: redis.Redis, hostname: str, interval: float) -> tuple[Health, str]:
     """The worker's health and a one-line reason."""
     try:
-        raw = client.get(keys.worker_heartbeat(hostname))
+        beat = read_heartbeat(client, hostname)
     except redis.RedisError as exc:
         return Health.BROKER_DOWN, f"cannot reach redis: {exc}"
-    if raw is None:
+    if beat is None:
         return Health.NO_HEARTBEAT, f"no heartbeat from {hostname}"
-    age = time.time() - float(json.loads(raw).get("ts", 0))
+    age = time.time() - beat.ts
     if age > 3 * interval:
         return Health.STALE_HEARTBEAT, f"{hostname}'s last heartbeat is {age:.1f}s old (limit {3 * interval:.1f}s)"
     return Health.OK, f"{hostname} beat {age:.1f}s ago"

@@ -1,20 +1,57 @@
 """Worker heartbeat: a Redis key per worker, refreshed every few seconds, gone when it dies.
 
-``sluice status`` and the autoscaler read these keys: which workers are online, which classes
-they serve, how many slots they have and what they are running right now.
+``sluice status``, the autoscaler, the delivery ledger, health probes and remote-call routing
+read these keys: which workers are online, which classes they serve, how many slots they have
+and what they are running right now. :class:`WorkerBeat` is the payload, encoded and decoded
+only here; capabilities add their own fields (``extra``) and decode them themselves.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import redis
 
 from sluice import keys
 from sluice.workers.periodic import Periodic
+
+
+@dataclass(frozen=True)
+class WorkerBeat:
+    """One worker's heartbeat payload."""
+
+    hostname: str = ""
+    instance: str = ""
+    pid: int = 0
+    queues: tuple[str, ...] = ()
+    classes: tuple[str, ...] = ()
+    slots: int = 0
+    running: tuple[str, ...] = ()   #: ids of the tasks running now
+    ts: float = 0.0                 #: when it was written (epoch seconds)
+    extra: Mapping[str, Any] = field(default_factory=dict)  #: fields a capability adds (flat in the JSON)
+
+    def encode(self) -> str:
+        core = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        clash = set(core) & set(self.extra)
+        if clash:
+            raise ValueError(f"heartbeat fields {sorted(clash)} are sluice's own; a capability must use other names")
+        return json.dumps({**core, **self.extra})
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> WorkerBeat:
+        data = json.loads(raw)
+        names = {f.name for f in fields(cls)} - {"extra"}
+        core = {k: v for k, v in data.items() if k in names}
+        for listed in ("queues", "classes", "running"):
+            core[listed] = tuple(core.get(listed) or ())
+        return cls(**core, extra={k: v for k, v in data.items() if k not in names})
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class Heartbeat(Periodic):
@@ -26,7 +63,7 @@ class Heartbeat(Periodic):
     TTL_BEATS = 5
     tick_first = True
 
-    def __init__(self, client: redis.Redis, hostname: str, payload: Callable[[], dict[str, Any]],
+    def __init__(self, client: redis.Redis, hostname: str, payload: Callable[[], WorkerBeat],
                  interval: float = 2.0) -> None:
         super().__init__("sluice-heartbeat", interval)
         self.client = client
@@ -34,8 +71,9 @@ class Heartbeat(Periodic):
         self.payload = payload
 
     def tick(self) -> None:
-        body = self.payload() | {"ts": time.time()}
-        self.client.set(self.key, json.dumps(body), px=int(self.interval * self.TTL_BEATS * 1000))
+        beat = self.payload()
+        body = WorkerBeat(**{**vars(beat), "ts": time.time()}).encode()
+        self.client.set(self.key, body, px=int(self.interval * self.TTL_BEATS * 1000))
 
     def stop(self) -> None:
         """Stop beating and remove the key, so the worker is offline at once, not after the TTL."""
@@ -46,8 +84,14 @@ class Heartbeat(Periodic):
             pass
 
 
-def read_heartbeats(client: redis.Redis) -> list[dict[str, Any]]:
+def read_heartbeat(client: redis.Redis, hostname: str) -> WorkerBeat | None:
+    """One worker's last heartbeat, if it is online."""
+    raw = client.get(keys.worker_heartbeat(hostname))
+    return None if raw is None else WorkerBeat.decode(raw)
+
+
+def read_heartbeats(client: redis.Redis) -> list[WorkerBeat]:
     """Every live worker's last heartbeat."""
     names = list(client.scan_iter(match=keys.WORKER_HEARTBEAT_PATTERN, count=500))
     bodies = client.mget(names) if names else []
-    return [json.loads(body) for body in bodies if body is not None]
+    return [WorkerBeat.decode(body) for body in bodies if body is not None]

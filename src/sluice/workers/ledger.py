@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import redis
 
 from sluice import keys
+from sluice.workers.heartbeat import read_heartbeat
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,7 @@ def holder_running(client: redis.Redis, task_id: str, held: Claim) -> bool:
 
     A claim newer than the holder's last heartbeat counts as running: the heartbeat lags.
     """
-    raw = client.get(keys.worker_heartbeat(held.worker))
-    if raw is None:
+    beat = read_heartbeat(client, held.worker)
+    if beat is None or beat.instance != held.instance:
         return False
-    beat = json.loads(raw)
-    if beat.get("instance") != held.instance:
-        return False
-    return task_id in beat.get("running", ()) or held.at >= float(beat.get("ts", 0))
+    return task_id in beat.running or held.at >= beat.ts

@@ -23,22 +23,17 @@ import json
 import logging
 import time
 from datetime import datetime
-from typing import Any
 
 import redis
 from celery import Celery
 from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE, WORKER_DIRECT_QUEUE_FORMAT
 
-from sluice import keys
-from sluice.tasks.escalation import ATTEMPT_HEADER, STICKY_HEADER
+from sluice import _kombu, keys
+from sluice.headers import Headers
 from sluice.workers import ledger
 from sluice.workers.periodic import Periodic
 
 log = logging.getLogger("sluice.reaper")
-
-#: kombu's binding table of Celery's direct-queue exchange: one member per worker direct queue.
-DIRECT_BINDINGS = f"_kombu.binding.{WORKER_DIRECT_EXCHANGE.name}"
-BINDING_SEPARATOR = "\x06\x16"
 
 
 class OrphanReaper(Periodic):
@@ -50,14 +45,8 @@ class OrphanReaper(Periodic):
         self.client = client
         self.instance = instance
         self.grace = grace
-        options = app.conf.broker_transport_options or {}
-        self.unacked_key = options.get("unacked_key", "unacked")
-        self.unacked_index_key = options.get("unacked_index_key", "unacked_index")
-        #: Remove one message from a list and append its rewritten copy to another, atomically;
-        #: nothing happens if a consumer took the message meanwhile.
-        self._move = client.register_script(
-            "if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then redis.call('RPUSH', KEYS[2], ARGV[2]) return 1 end "
-            "return 0")
+        self.layout = _kombu.RedisLayout.of_app(app)
+        self._move = _kombu.script(client, "move_message")
 
     def tick(self) -> list[str]:
         return self.sweep_once()
@@ -68,18 +57,17 @@ class OrphanReaper(Periodic):
             return []
         restored = []
         now = time.time()
-        for tag, raw in self.client.hgetall(self.unacked_key).items():
-            message = json.loads(raw)[0]
-            if self._orphaned(tag, message, now):
-                self._restore(tag)
-                restored.append(message["headers"].get("id", "?"))
+        for held in self.layout.held(self.client):
+            if self._orphaned(held, now):
+                _kombu.restore(self.app, held.tag)
+                restored.append(held.task_id or "?")
         if restored:
             log.warning("restored %d message(s) held by dead workers: %s", len(restored), ", ".join(restored))
         return restored + self.rehome_direct_queues()
 
     def rehome_direct_queues(self) -> list[str]:
         """Move messages waiting in dead workers' direct queues to their home queues."""
-        queues = [m.decode().rsplit(BINDING_SEPARATOR, 1)[-1] for m in self.client.smembers(DIRECT_BINDINGS)]
+        queues = self.layout.bound_queues(self.client, WORKER_DIRECT_EXCHANGE.name)
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:  # one round trip for every worker the binding table remembers
             pipe.exists(keys.worker_heartbeat(direct_queue_owner(queue)))
@@ -91,7 +79,7 @@ class OrphanReaper(Periodic):
                 continue
             for raw in self.client.lrange(queue, 0, -1):
                 message = json.loads(raw)
-                home = (message.get("headers") or {}).get(STICKY_HEADER)
+                home = Headers.read(message.get("headers") or {}).sticky
                 if not home:
                     continue
                 message["properties"]["delivery_info"].update(exchange="", routing_key=home)
@@ -102,21 +90,16 @@ class OrphanReaper(Periodic):
                         len(moved), ", ".join(moved))
         return moved
 
-    def _orphaned(self, tag: bytes, message: dict[str, Any], now: float) -> bool:
-        headers = message.get("headers") or {}
-        task_id = headers.get("id")
-        held = ledger.current(self.client, task_id) if task_id else None
-        if held is not None and held.attempt == int(headers.get(ATTEMPT_HEADER) or 1):
-            return not ledger.holder_running(self.client, task_id, held)
-        since = self.client.zscore(self.unacked_index_key, tag) or now
+    def _orphaned(self, held: _kombu.Held, now: float) -> bool:
+        headers = held.message.get("headers") or {}
+        task_id = held.task_id
+        claim = ledger.current(self.client, task_id) if task_id else None
+        if claim is not None and claim.attempt == Headers.read(headers).attempt:
+            return not ledger.holder_running(self.client, task_id, claim)
+        since = self.layout.held_since(self.client, held.tag) or now
         eta = headers.get("eta")
         due = max(since, datetime.fromisoformat(eta).timestamp()) if eta else since
         return now - due > self.grace
-
-    def _restore(self, tag: bytes) -> None:
-        """kombu's own restore (queue lookup, priorities, redelivered flag), on a short-lived channel."""
-        with self.app.connection_for_write() as connection:
-            connection.default_channel.qos.restore_by_tag(tag.decode())
 
 
 def direct_queue_owner(queue: str) -> str:

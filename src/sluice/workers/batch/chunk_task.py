@@ -12,11 +12,9 @@ import time
 import traceback
 from typing import Any
 
-from celery.signals import task_failure
-
 from sluice import keys
-from sluice.client.taskfile import TaskFile
-from sluice.tasks.escalation import ATTEMPT_HEADER
+from sluice.client.batch.taskfile import TaskFile
+from sluice.headers import attempt_of
 
 RUN_CHUNK_TASK = "sluice.compute.run_chunk"
 FLUSH_SECONDS = 0.05
@@ -51,7 +49,7 @@ def run_chunk(task: Any, run_id: str, items: list[dict[str, Any]]) -> int:
     client = task.app.redis
     loaded = task_file(client, run_id)
     worker = task.request.hostname or "?"
-    attempt = int(getattr(task.request, ATTEMPT_HEADER, None) or 1)
+    attempt = attempt_of(task.request)
     cached = client.hmget(keys.run(run_id, "results"), [item["id"] for item in items])
     pending: list[tuple[str, str]] = []
     last_flush = time.monotonic()
@@ -103,4 +101,3 @@ def record_chunk_failure(sender: Any = None, task_id: str = "", exception: BaseE
     pipe.execute()
 
 
-task_failure.connect(record_chunk_failure, weak=False)

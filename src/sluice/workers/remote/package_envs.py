@@ -25,7 +25,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from sluice.client.packages import InstallPlan, environment_key
+from sluice.client.remote.packages import InstallPlan, environment_key
 from sluice.errors import InvalidRequestError
 
 log = logging.getLogger("sluice.envs")

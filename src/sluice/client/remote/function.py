@@ -2,12 +2,13 @@
 
 Everything that can be checked on the client is checked when the function is decorated (the
 package list, the sizes) or before anything is sent (that the call pickles); the call then
-travels as a signed JSON message (see :mod:`sluice.client.signing`) routed by its memory and
+travels as a signed JSON message (see :mod:`sluice.client.remote.signing`) routed by its memory and
 gpu to the smallest class that takes remote calls.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import linecache
 import re
@@ -21,27 +22,29 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import AsyncResult
 
 from sluice import keys
-from sluice.client.packages import environment_key, normalize_packages
-from sluice.client.remote_routing import choose_target
-from sluice.client.serialization import import_hints, loads, pack_call, python_version
-from sluice.client.signing import decode, encode, seal, unseal
+from sluice.app import App
+from sluice.client.remote.packages import environment_key, normalize_packages
+from sluice.client.remote.routing import choose_target
+from sluice.client.remote.serialization import (
+    import_hints,
+    loads,
+    pack_call,
+    python_version,
+)
+from sluice.client.remote.settings import remote_settings
+from sluice.client.remote.signing import decode, encode, seal, unseal
 from sluice.compute import Compute
-from sluice.errors import ConfigurationError, RemoteError
-from sluice.queues.routing import COMPUTE_HEADER
-from sluice.tasks.escalation import STICKY_HEADER
+from sluice.errors import CallTimeout, ConfigurationError, RemoteError
+from sluice.headers import Headers
 from sluice.units import format_size, parse_size
-from sluice.workers.remote_task import REMOTE_TASK
+from sluice.workers.remote.call_task import REMOTE_TASK
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-@functools.cache
-def default_app() -> Any:
-    """The app remote functions use unless given one: settings from env, sluice.toml, pyproject."""
-    from sluice.app import App
-
-    return App("sluice.remote")
+#: The session of the innermost ``with sluice.session(...)`` block, if any (set by the session).
+active_session: contextvars.ContextVar[Any] = contextvars.ContextVar("sluice_session", default=None)
 
 
 @dataclass(frozen=True)
@@ -94,30 +97,28 @@ class RemoteFunction(Generic[P, R]):
         self.hints = import_hints(function)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        from sluice.client.session import current_session
-
-        session = current_session()
+        session = active_session.get()
         if session is not None:
             return session.call(self, *args, **kwargs)
         return self.spawn(*args, **kwargs).get()
 
     def spawn(self, *args: P.args, **kwargs: P.kwargs) -> RemoteCall[R]:
         """Send the call and return at once with a handle; ``.get(timeout=)`` waits for the value."""
-        settings = (self.app or default_app()).settings
+        settings = remote_settings(self.app or App.default())
         payload = pack_call(self.function, args, kwargs)
         start = self.budget.start(settings.remote_memory)
         return self.send(REMOTE_TASK, self.fields(payload, start, settings.stream_logs), start)
 
     def send(self, task_name: str, fields: dict[str, Any], start: int) -> RemoteCall[Any]:
         """Sign ``fields`` and publish them to the queue :func:`choose_target` picks."""
-        app = self.app or default_app()
+        app = self.app or App.default()
         target = choose_target(app, start, self.budget.gpu, self.budget.gpu_memory,
                                environment_key(self.packages) if self.packages else None, self.name)
-        message = seal(app.settings.signing_secret(), fields)
+        message = seal(remote_settings(app).signing_secret(), fields)
         slot = Compute.of(memory_bytes=target.resource_class.slot.memory_bytes, gpu=target.resource_class.slot.gpu)
-        headers = {COMPUTE_HEADER: slot.to_dict()}
-        if target.worker is not None:  # its own queue: if it dies first, the reaper moves the call home
-            headers[STICKY_HEADER] = target.resource_class.name
+        # to a worker's own queue: if that worker dies first, the reaper moves the call home
+        home = target.resource_class.name if target.worker is not None else None
+        headers = Headers(compute=slot, sticky=home).encode()
         result = app.send_task(task_name, args=[message], queue=target.queue, headers=headers,
                                argsrepr=f"({self.name})", kwargsrepr="{}")  # Flower shows the name, not the payload
         return RemoteCall(result, self.name, app, bool(fields.get("stream")), source_file(self.function))
@@ -164,7 +165,7 @@ class RemoteCall(Generic[R]):
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"remote call {self.name}[{self.id}] did not finish within {timeout}s")
+                raise CallTimeout(f"remote call {self.name}[{self.id}] did not finish within {timeout}s")
             wait = remaining if not self.stream else 0.2 if remaining is None else min(0.2, remaining)
             try:
                 reply = self.result.get(timeout=wait)
@@ -184,7 +185,7 @@ class RemoteCall(Generic[R]):
         self._streamed += len(lines)
 
     def _open(self, reply: Any) -> R:
-        fields = unseal(self.app.settings.signing_secret(), reply, f"the reply to {self.name}")
+        fields = unseal(remote_settings(self.app).signing_secret(), reply, f"the reply to {self.name}")
         self.output, self.limits = list(fields["output"]), list(fields["limits"])
         self.attempt, self.worker = int(fields["attempt"]), fields.get("worker")
         return open_reply(loads(decode(fields["payload"])), self.worker, self.source)

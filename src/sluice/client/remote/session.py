@@ -9,7 +9,6 @@ calls are never retried on a memory kill: a fresh sandbox would have lost the se
 
 from __future__ import annotations
 
-import contextvars
 import itertools
 import json
 import threading
@@ -19,29 +18,24 @@ from contextlib import contextmanager
 from typing import Any
 
 from sluice import keys
-from sluice.client.packages import normalize_packages
-from sluice.client.remote import (
+from sluice.app import App
+from sluice.client.remote.function import (
     Budget,
     RemoteCall,
     RemoteFunction,
-    default_app,
+    active_session,
     open_reply,
     source_file,
 )
-from sluice.client.serialization import loads, pack_call
-from sluice.client.signing import decode, encode, seal, unseal
-from sluice.errors import ConfigurationError, MemoryKilled, TaskFailed
-from sluice.workers.remote_task import SESSION_TASK
-
-_current: contextvars.ContextVar[Session | None] = contextvars.ContextVar("sluice_session", default=None)
+from sluice.client.remote.packages import normalize_packages
+from sluice.client.remote.serialization import loads, pack_call
+from sluice.client.remote.settings import remote_settings
+from sluice.client.remote.signing import decode, encode, seal, unseal
+from sluice.errors import ConfigurationError, MemoryKilled, SandboxCrashed, TaskFailed
+from sluice.workers.remote.call_task import SESSION_TASK
 
 #: Seconds a session outlives its client's last sign of life.
 LEASE_SECONDS = 10.0
-
-
-def current_session() -> Session | None:
-    """The session of the innermost ``with sluice.session(...)`` block, if any."""
-    return _current.get()
 
 
 class Session:
@@ -60,7 +54,7 @@ class Session:
 
     def open(self) -> Session:
         self._renew()
-        settings = self.app.settings
+        settings = remote_settings(self.app)
         start = self.budget.start(settings.remote_memory)
         probe = RemoteFunction(_session_marker, self.packages, self.budget, self.app)
         fields = probe.fields(b"", start, stream=False) | {"function": f"session {self.id}", "session": self.id,
@@ -78,16 +72,16 @@ class Session:
                                          f"with (packages={list(self.packages)}); list them in sluice.session(packages=)")
             function = function.function
         number = next(self._numbers)
-        message = seal(self.app.settings.signing_secret(), {"n": number, "payload": encode(pack_call(function, args, kwargs))})
+        message = seal(remote_settings(self.app).signing_secret(), {"n": number, "payload": encode(pack_call(function, args, kwargs))})
         self.app.redis.rpush(keys.session(self.id, "calls"), json.dumps(message))
         reply = self._reply(number)
         self.output, self.limits = list(reply["output"]), list(reply["limits"])
         if reply.get("error"):
-            raise MemoryKilled(reply["error"])
+            raise (MemoryKilled if reply.get("memory") else SandboxCrashed)(reply["error"])
         return open_reply(loads(decode(reply["payload"])), reply.get("worker"), source_file(function))
 
     def _reply(self, number: int) -> dict[str, Any]:
-        secret = self.app.settings.signing_secret()
+        secret = remote_settings(self.app).signing_secret()
         while True:
             item = self.app.redis.blpop([keys.session(self.id, "replies")], timeout=0.5)
             if item is not None:
@@ -102,7 +96,7 @@ class Session:
     def close(self) -> None:
         self._stop.set()
         client = self.app.redis
-        client.rpush(keys.session(self.id, "calls"), json.dumps(seal(self.app.settings.signing_secret(), {"close": True})))
+        client.rpush(keys.session(self.id, "calls"), json.dumps(seal(remote_settings(self.app).signing_secret(), {"close": True})))
         client.delete(keys.session(self.id, "lease"))
         try:
             self.handle.result.get(timeout=10)
@@ -128,11 +122,11 @@ def session(*, packages: Iterable[str] | None = None, memory: int | str | None =
             app: Any = None, lease: float = LEASE_SECONDS) -> Iterator[Session]:
     """Keep one sandbox on one worker for the block; remote functions called inside run there."""
     budget = Budget.of("session", memory, max_memory, gpu, gpu_memory)
-    live = Session(normalize_packages(packages), budget, app or default_app(), lease).open()
-    token = _current.set(live)
+    live = Session(normalize_packages(packages), budget, app or App.default(), lease).open()
+    token = active_session.set(live)
     try:
         yield live
     finally:
-        _current.reset(token)
+        active_session.reset(token)
         live.close()
 

@@ -39,7 +39,7 @@ class LocalWorkers:
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         with open(self.log_dir / f"worker-{index}.log", "ab") as log:
             return subprocess.Popen(
-                [self.python, "-m", "celery", "-A", "sluice.client.worker_app", "worker", "-Q", self.queue,
+                [self.python, "-m", "celery", "-A", "sluice.workers.batch.worker_app", "worker", "-Q", self.queue,
                  "-c", str(self.per_worker), "-n", self.hostname(index), "--without-mingle", "--without-gossip",
                  "--loglevel", "WARNING"],
                 stdout=log, stderr=subprocess.STDOUT, env=os.environ | LOCAL_ENV | self.env,

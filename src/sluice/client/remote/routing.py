@@ -5,28 +5,44 @@ and within it a live worker that already holds the call's package environment wh
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from celery.utils.nodenames import worker_direct
 
+from sluice.client.remote.settings import check_classes, remote_settings
 from sluice.compute import Compute
-from sluice.errors import NoQueueFits
 from sluice.queues.catalog import Catalog, ResourceClass
-from sluice.workers.heartbeat import read_heartbeats
+from sluice.workers.heartbeat import WorkerBeat, read_heartbeats
 
 if TYPE_CHECKING:
     from sluice.app import App
 
 
+@dataclass(frozen=True)
+class RemoteBeat:
+    """What a worker's heartbeat says about remote calls: whether it takes them, the package
+    environments it holds (by key) and its GPU's memory. Flat fields of the heartbeat's JSON."""
+
+    remote: bool = False
+    envs: list[str] = field(default_factory=list)
+    gpu_memory: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {"remote": self.remote, "envs": list(self.envs), "gpu_memory": self.gpu_memory}
+
+    @classmethod
+    def of(cls, beat: WorkerBeat) -> RemoteBeat:
+        extra = beat.extra
+        return cls(bool(extra.get("remote")), list(extra.get("envs") or []), extra.get("gpu_memory"))
+
+
 def remote_catalog(app: App) -> Catalog:
     """The classes configured to run remote calls (``remote_classes``; default: all of them)."""
-    names = app.settings.remote_classes
+    names = remote_settings(app).remote_classes
     if names is None:
         return app.catalog
-    unknown = [n for n in names if n not in app.catalog]
-    if unknown:
-        raise NoQueueFits(f"remote_classes names {unknown}, which are not classes; classes: {app.catalog.names()}")
+    check_classes(names, app.catalog)  # checked at load against the configured catalog; App(classes=) may differ
     return Catalog(app.catalog.get(n) for n in names)
 
 
@@ -66,13 +82,14 @@ def choose_target(app: App, memory: int, gpu: bool, gpu_memory: int | None, env_
         return Target(home.name, home)
     candidates = []
     for beat in read_heartbeats(app.redis):
-        if home.name not in beat.get("classes", []) or not beat.get("remote"):
+        remote = RemoteBeat.of(beat)
+        if home.name not in beat.classes or not remote.remote:
             continue
-        if gpu_memory is not None and (beat.get("gpu_memory") or 0) < gpu_memory:
+        if gpu_memory is not None and (remote.gpu_memory or 0) < gpu_memory:
             continue
-        holds = env_key is not None and env_key in beat.get("envs", [])
+        holds = env_key is not None and env_key in remote.envs
         if holds or gpu_memory is not None:
-            candidates.append((holds, beat["hostname"]))
+            candidates.append((holds, beat.hostname))
     if not candidates:  # none live yet (a class scaled to zero): the class queue; workers check GPU memory
         return Target(home.name, home)
     best = max(holds for holds, _ in candidates)

@@ -1,7 +1,9 @@
 """The sluice worker bootstep: sizing, the GPU check, the memory watchdog and the heartbeat.
 
 It is added to every :class:`sluice.App`'s worker blueprint, so ``celery -A app worker -Q
-highmem`` gets exactly what ``sluice worker --queue highmem`` gets.
+highmem`` gets exactly what ``sluice worker --queue highmem`` gets. As Celery's own steps do
+(``w.pool``, ``w.hub``), it sets itself on the worker as ``worker.sluice``, where the steps of
+capabilities add their heartbeat fields (:meth:`SluiceWorkerStep.add_heartbeat_fields`).
 """
 
 from __future__ import annotations
@@ -9,18 +11,17 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import bootsteps
 from celery.worker import state
 
-from sluice.client.remote_routing import remote_catalog
 from sluice.errors import GpuUnavailable
 from sluice.queues.catalog import ResourceClass
 from sluice.tasks.escalation import Attempt
-from sluice.workers.gpu import gpu_count, gpu_memory
-from sluice.workers.heartbeat import Heartbeat
-from sluice.workers.package_envs import EnvironmentCache
+from sluice.workers.gpu import gpu_count
+from sluice.workers.heartbeat import Heartbeat, WorkerBeat
 from sluice.workers.reaper import OrphanReaper
 from sluice.workers.watchdog import MemoryWatchdog, Watched
 
@@ -50,13 +51,14 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
         if len(self.classes) == 1 and not kwargs.get("concurrency") and not kwargs.get("autoscale"):
             worker.concurrency = worker.min_concurrency = self.classes[0].slots
         self._limits: dict[str, Watched] = {}
-        settings = self.app.settings
-        self.remote = bool(settings.signing_secret()) and any(
-            rc.name in remote_catalog(self.app) for rc in self.classes)
-        self.envs = EnvironmentCache(settings.envs_path, settings.env_cache_size)
-        self.gpu_memory = gpu_memory() if gpu_classes else None
+        self._heartbeat_fields: list[Callable[[], Mapping[str, Any]]] = []
         self.app.worker_instance = self.instance = uuid.uuid4().hex
         self.threads: list[MemoryWatchdog | Heartbeat | OrphanReaper] = []
+        worker.sluice = self
+
+    def add_heartbeat_fields(self, fields: Callable[[], Mapping[str, Any]]) -> None:
+        """A capability's step adds fields to every heartbeat (flat in its JSON; see WorkerBeat)."""
+        self._heartbeat_fields.append(fields)
 
     def start(self, worker: Any) -> None:
         client, settings = self.app.redis, self.app.settings
@@ -84,19 +86,13 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
         if hub is not None and pool is not None:
             hub.call_soon(pool.maintain_pool)
 
-    def _payload(self, worker: Any) -> dict[str, Any]:
-        return {
-            "hostname": worker.hostname,
-            "instance": self.instance,
-            "pid": os.getpid(),
-            "queues": self.queues,
-            "classes": [rc.name for rc in self.classes],
-            "slots": worker.concurrency,
-            "running": [req.id for req in _active_requests()],
-            "remote": self.remote,
-            "envs": self.envs.held() if self.remote and not self.app.settings.fresh_env_per_call else [],
-            "gpu_memory": self.gpu_memory,
-        }
+    def _payload(self, worker: Any) -> WorkerBeat:
+        extra: dict[str, Any] = {}
+        for fields in self._heartbeat_fields:
+            extra.update(fields())
+        return WorkerBeat(worker.hostname, self.instance, os.getpid(), tuple(self.queues),
+                          tuple(rc.name for rc in self.classes), worker.concurrency,
+                          tuple(req.id for req in _active_requests()), extra=extra)
 
     def _running(self) -> list[Watched]:
         """The busy pool processes and each one's memory limit (computed once per task)."""

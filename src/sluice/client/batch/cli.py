@@ -18,14 +18,14 @@ import redis
 from rich.console import Console
 
 from sluice.app import App
-from sluice.client import torchrun
-from sluice.client.driver import EXIT_INTERRUPTED, Driver, RunSettings
-from sluice.client.local_workers import LocalWorkers
-from sluice.client.observe import Observer
-from sluice.client.sink import Sink
-from sluice.client.taskfile import TaskFile
-from sluice.client.torchrun import Ranks
-from sluice.client.trajectory import require_lance, write_trajectory
+from sluice.client.batch import torchrun
+from sluice.client.batch.driver import EXIT_INTERRUPTED, Driver, RunSettings
+from sluice.client.batch.local_workers import LocalWorkers
+from sluice.client.batch.observe import Observer
+from sluice.client.batch.sink import Sink
+from sluice.client.batch.taskfile import TaskFile
+from sluice.client.batch.torchrun import Ranks
+from sluice.client.batch.trajectory import require_lance, write_trajectory
 from sluice.config import Settings
 from sluice.deploy.embedded import EmbeddedRedis
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sluice.client.sink import READY
+from sluice.client.batch.sink import READY
 from sluice.errors import ConfigurationError
 
 DATASET = "results.lance"

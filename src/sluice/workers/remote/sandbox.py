@@ -9,6 +9,7 @@ ends without a complete reply, which is what :class:`SandboxDied` reports.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,19 +23,10 @@ from typing import BinaryIO
 import psutil
 
 from sluice.deploy.embedded import die_with_parent
+from sluice.errors import SandboxDied
 from sluice.units import format_size
-from sluice.workers import sandbox_main
+from sluice.workers.remote import sandbox_main
 from sluice.workers.watchdog import ProcessTree, kill_tree
-
-
-class SandboxDied(Exception):
-    """The sandbox ended without a complete reply; ``killed_at`` is the limit it was killed at, if
-    the monitor killed it for memory."""
-
-    def __init__(self, message: str, killed_at: int | None) -> None:
-        super().__init__(message)
-        self.killed_at = killed_at
-
 
 Spawned = tuple[subprocess.Popen[bytes], BinaryIO, tempfile.TemporaryDirectory[str]]
 #: One sandbox process started ahead of the next call (and the environment it was started with).
@@ -129,7 +121,10 @@ class Sandbox:
         if self.killed_at is not None:
             return (f"killed for memory: used {format_size(self.peak)}, over its limit of {format_size(self.killed_at)} "
                     f"(limits {' -> '.join(format_size(x) for x in self.limits)})")
-        return f"the sandbox exited with status {self.process.returncode} without a complete response"
+        code = self.process.returncode
+        if code is not None and code < 0:
+            return f"crashed: it was killed by signal {signal.Signals(-code).name} without a complete response"
+        return f"crashed: it exited with status {code} without a complete response"
 
     def close(self) -> None:
         """End the sandbox at once (with anything it started): its replies are all in."""

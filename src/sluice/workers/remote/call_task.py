@@ -20,26 +20,24 @@ import psutil
 from celery.exceptions import Retry
 
 from sluice import keys
-from sluice.client.packages import normalize_packages, plan_install
-from sluice.client.remote_routing import accepts_remote, remote_class
-from sluice.client.serialization import python_version
-from sluice.client.signing import decode, encode, seal, unseal
+from sluice.client.remote.packages import normalize_packages, plan_install
+from sluice.client.remote.routing import accepts_remote, remote_class
+from sluice.client.remote.serialization import python_version
+from sluice.client.remote.settings import RemoteSettings, remote_settings
+from sluice.client.remote.signing import decode, encode, seal, unseal
 from sluice.compute import Compute
-from sluice.errors import InvalidRequestError, MemoryExhausted
-from sluice.queues.routing import COMPUTE_HEADER
-from sluice.tasks.escalation import ATTEMPT_HEADER, Attempt
+from sluice.errors import InvalidRequestError, MemoryExhausted, SandboxDied
+from sluice.headers import Headers
+from sluice.tasks.escalation import Attempt
 from sluice.units import format_size
 from sluice.workers.gpu import gpu_memory
-from sluice.workers.package_envs import EnvironmentCache, base_distributions
-from sluice.workers.sandbox import Sandbox, SandboxDied, warm_spare
+from sluice.workers.remote.package_envs import EnvironmentCache, base_distributions
+from sluice.workers.remote.sandbox import Sandbox, warm_spare
 
 log = logging.getLogger("sluice.remote")
 
 REMOTE_TASK = "sluice.remote.call"
 SESSION_TASK = "sluice.remote.session"
-#: Header of a retried call: the memory limit its fresh sandbox starts at, and why it was retried.
-START_HEADER = "sluice_remote_start"
-REASON_HEADER = "sluice_remote_reason"
 OUTPUT_TTL = 3600
 #: Kept free between a sandbox's ceiling and the slot, so the sandbox monitor acts before the
 #: worker's watchdog would kill the whole pool process (which measures the two together).
@@ -68,7 +66,7 @@ class CallOutput:
 
 def check_call(app: Any, request: Any, call: object) -> dict[str, Any]:
     """The call's fields once its signature, Python version, queue and GPU memory are acceptable."""
-    fields = unseal(app.settings.signing_secret(), call)
+    fields = unseal(remote_settings(app).signing_secret(), call)
     if fields.get("python") != python_version():
         raise InvalidRequestError(
             f"refusing remote call {fields.get('function')}: the client runs Python {fields.get('python')} and this "
@@ -77,7 +75,7 @@ def check_call(app: Any, request: Any, call: object) -> dict[str, Any]:
     queue = (request.delivery_info or {}).get("routing_key") or ""
     if not accepts_remote(app, queue, request.hostname):
         raise InvalidRequestError(f"refusing remote call {fields.get('function')} on queue {queue!r}: it does not take "
-                                  f"remote calls (remote_classes: {app.settings.remote_classes or 'all classes'})")
+                                  f"remote calls (remote_classes: {remote_settings(app).remote_classes or 'all classes'})")
     wanted = fields.get("gpu_memory")
     have = gpu_memory() if wanted else None  # nvidia-smi only for the calls that reserve GPU memory
     if wanted and have is not None and have < wanted:
@@ -103,7 +101,7 @@ class Room:
 def prepared(task: Any, fields: dict[str, Any], output: CallOutput) -> Iterator[tuple[Path | None, Room]]:
     """Validate the package list again, report what the base image provides, and yield the
     environment (installed or cached) and the room for the sandbox."""
-    request, settings = task.request, task.app.settings
+    request, settings = task.request, remote_settings(task.app)
     packages = normalize_packages(fields["packages"])
     plan = plan_install(packages, base_distributions())
     for line in plan.ignored:
@@ -112,8 +110,8 @@ def prepared(task: Any, fields: dict[str, Any], output: CallOutput) -> Iterator[
         for module in fields.get("hints") or []:
             if importlib.util.find_spec(module) is None:
                 output(f"sluice: the function imports {module}, which this worker does not have; list it in packages=")
-    slot = Attempt.of(task, vars(request), request.delivery_info).compute.memory_bytes or fields["memory"]
-    room = Room(int(getattr(request, START_HEADER, None) or fields["memory"]),
+    slot = Attempt.of(task, request, request.delivery_info).compute.memory_bytes or fields["memory"]
+    room = Room(Headers.read(request).remote_start or fields["memory"],
                 fields.get("max_memory") or int(slot * settings.remote_memory_share),
                 slot - psutil.Process().memory_info().rss - WATCHDOG_MARGIN)
     cache = EnvironmentCache(settings.envs_path, settings.env_cache_size, settings.fresh_env_per_call)
@@ -123,19 +121,20 @@ def prepared(task: Any, fields: dict[str, Any], output: CallOutput) -> Iterator[
         yield env, room
 
 
-def sandbox(env: Path | None, start: int, room: Room, settings: Any, output: CallOutput) -> Sandbox:
+def sandbox(env: Path | None, start: int, room: Room, settings: RemoteSettings, output: CallOutput) -> Sandbox:
     return Sandbox(env, start, room.ceiling, output, settings.remote_growth_threshold, settings.remote_growth_factor)
 
 
 def run_remote(task: Any, call: dict[str, Any]) -> dict[str, Any]:
     """Bound Celery task body (registered by every sluice App under ``REMOTE_TASK``)."""
-    app, request, settings = task.app, task.request, task.app.settings
+    app, request, settings = task.app, task.request, remote_settings(task.app)
     fields = check_call(app, request, call)
     output = CallOutput(app.redis, keys.remote_output(request.id), bool(fields.get("stream")))
-    attempt = int(getattr(request, ATTEMPT_HEADER, None) or 1)
+    headers = Headers.read(request)
+    attempt = headers.attempt
     if attempt > 1:
         output(f"sluice: retry (attempt 2 of 2) in a fresh sandbox: the previous attempt's sandbox "
-               f"{getattr(request, REASON_HEADER, None) or 'ended without a complete response'}")
+               f"{headers.remote_reason or 'ended without a complete response'}")
     with prepared(task, fields, output) as (env, room):
         start = room.start
         while True:
@@ -164,7 +163,7 @@ def run_remote(task: Any, call: dict[str, Any]) -> dict[str, Any]:
 def run_session(task: Any, call: dict[str, Any]) -> dict[str, Any]:
     """Bound Celery task body for ``SESSION_TASK``: one sandbox serving a session's calls until the
     client closes it or its lease expires. A sandbox that dies ends the session (never retried)."""
-    app, request, settings = task.app, task.request, task.app.settings
+    app, request, settings = task.app, task.request, remote_settings(task.app)
     fields = check_call(app, request, call)
     secret, session = settings.signing_secret(), str(fields["session"])
     calls, replies, lease = (keys.session(session, part) for part in ("calls", "replies", "lease"))
@@ -184,6 +183,7 @@ def run_session(task: Any, call: dict[str, Any]) -> dict[str, Any]:
             except SandboxDied as died:
                 reply["error"] = (f"session {session}: the sandbox {died}; calls in a session are never retried "
                                   "(a new sandbox would lose the session's state), and the session has ended")
+                reply["memory"] = died.memory
             served += 1
             app.redis.rpush(replies, json.dumps(seal(secret, reply | {"output": output.take(), "limits": box.limits})))
             if "error" in reply:
@@ -195,8 +195,8 @@ def _republish(task: Any, fields: dict[str, Any], start: int, reason: str) -> No
     """Send the retry to a class whose slot holds ``start``: this worker cannot."""
     request = task.request
     target = remote_class(task.app, start, bool(fields.get("gpu")), fields["function"])
-    headers = {**(request.headers or {}), ATTEMPT_HEADER: 2, START_HEADER: start, REASON_HEADER: reason,
-               COMPUTE_HEADER: Compute.of(memory_bytes=target.slot.memory_bytes, gpu=target.slot.gpu).to_dict()}
+    slot = Compute.of(memory_bytes=target.slot.memory_bytes, gpu=target.slot.gpu)
+    headers = {**(request.headers or {}), **Headers(2, slot, remote_start=start, remote_reason=reason).encode()}
     task.signature_from_request(request, queue=target.name, headers=headers).apply_async()
     line = (f"remote call {fields['function']}[{request.id}]: the sandbox {reason}; retrying once at "
             f"{format_size(start)} on {target.name} (attempt 2 of 2)")

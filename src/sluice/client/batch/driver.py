@@ -19,16 +19,15 @@ from typing import Any
 import redis
 from celery import states
 
-from sluice import keys
+from sluice import _kombu, keys
 from sluice.app import App
-from sluice.client.chunk_task import RUN_CHUNK_TASK
-from sluice.client.sink import Sink
-from sluice.client.taskfile import TaskFile
+from sluice.client.batch.sink import Sink
+from sluice.client.batch.taskfile import TaskFile
 from sluice.compute import Compute
-from sluice.queues.routing import COMPUTE_HEADER
-from sluice.tasks.escalation import POLICY_HEADER, STICKY_HEADER
+from sluice.headers import Headers
 from sluice.tasks.history import read as read_history
 from sluice.tasks.retry import RetryOn, RetryPolicy
+from sluice.workers.batch.chunk_task import RUN_CHUNK_TASK
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -84,6 +83,7 @@ class Driver:
         self.on_record = on_record
         self.on_progress = on_progress
         self.client = app.redis
+        self.layout = _kombu.RedisLayout.of_app(app)
         self.progress = Progress()
         self.chunks: dict[str, list[str]] = {}           # chunk task id -> item ids without a record yet
         self.waiting: set[str] = set()                   # ids in flight (this driver's or an earlier one's)
@@ -214,12 +214,10 @@ class Driver:
         return max(1, min(by_time, self.settings.max_chunk, max(1, self.settings.window // (2 * self.slots))))
 
     def _dispatch(self, batch: list[dict[str, Any]]) -> None:
-        compute = self.task_file.compute or Compute()
-        headers: dict[str, Any] = {COMPUTE_HEADER: compute.inherit(self.app.default_compute).to_dict(),
-                                   STICKY_HEADER: self.settings.queue}
-        if self.settings.retries:
-            policy = RetryPolicy(max_retries=self.settings.retries, retry_on=RetryOn.TRANSIENT)
-            headers[POLICY_HEADER] = policy.to_dict()
+        compute = (self.task_file.compute or Compute()).inherit(self.app.default_compute)
+        policy = (RetryPolicy(max_retries=self.settings.retries, retry_on=RetryOn.TRANSIENT)
+                  if self.settings.retries else None)
+        headers = Headers(compute=compute, policy=policy, sticky=self.settings.queue).encode()
         result = self.app.tasks[RUN_CHUNK_TASK].apply_async(
             args=(self.settings.run_id, batch), queue=self.settings.queue, headers=headers,
             argsrepr=f"({self.settings.run_id!r}, <{len(batch)} items>)", kwargsrepr="{}")
@@ -272,7 +270,7 @@ class Driver:
             return
         self._last_poll = time.monotonic()
         ids = list(self.chunks)
-        metas = self.client.mget([f"celery-task-meta-{i}" for i in ids])
+        metas = self.client.mget([_kombu.task_meta_key(self.app, i) for i in ids])
         for chunk_id, raw in zip(ids, metas):
             if not any(i in self.waiting for i in self.chunks[chunk_id]):
                 del self.chunks[chunk_id]
@@ -288,9 +286,9 @@ class Driver:
         if time.monotonic() - self._last_lost_check < 10:
             return
         self._last_lost_check = time.monotonic()
-        held = held_messages(self.client)
-        queued = [json.loads(raw) for raw in self.client.lrange(self.settings.queue, 0, -1)]
-        present = {m.get("headers", {}).get("id") for m in held + queued}
+        held = [item.task_id for item in self.layout.held(self.client)]
+        queued = [json.loads(raw) for _, raw in self.layout.waiting(self.client, self.settings.queue)]
+        present = {*held, *(m.get("headers", {}).get("id") for m in queued)}
         lost = pending - present
         for chunk_id in lost & self._suspects:
             ids = [i for i in self.chunks.pop(chunk_id) if i in self.waiting]
@@ -308,7 +306,7 @@ class Driver:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                keys_held = [m["properties"]["delivery_info"]["routing_key"] for m in held_messages(self.client)]
+                keys_held = [item.queue for item in self.layout.held(self.client)]
             except redis.RedisError:
                 return False  # cannot tell: stop them warmly
             if not any(k == self.settings.queue or tag in k for k in keys_held):
@@ -360,13 +358,5 @@ class Driver:
 
     def _drop_queue(self) -> None:
         """The run-private queue's waiting and held messages (its workers are gone)."""
-        self.client.delete(self.settings.queue)
-        for tag, raw in self.client.hgetall("unacked").items():
-            if json.loads(raw)[2] == self.settings.queue:
-                self.client.hdel("unacked", tag)
-                self.client.zrem("unacked_index", tag)
-
-
-def held_messages(client: redis.Redis) -> list[dict[str, Any]]:
-    """Messages workers hold unacknowledged right now (kombu's ``unacked`` hash)."""
-    return [json.loads(raw)[0] for raw in client.hvals("unacked")]
+        self.client.delete(*self.layout.queue_lists(self.settings.queue))
+        self.layout.drop_held(self.client, self.settings.queue)

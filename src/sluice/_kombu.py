@@ -1,0 +1,125 @@
+"""The one place that knows how kombu's Redis transport lays out a broker, and Celery its results.
+
+kombu keeps a queue as a Redis list (plus one list per priority step, named queue + sep + step),
+every delivered-but-unacknowledged message in the ``unacked`` hash (tag -> [message, exchange,
+routing key]) with its delivery time in the ``unacked_index`` sorted set, and the queues bound to
+an exchange in a set ``_kombu.binding.<exchange>`` (members exchange-key + sep + queue). Names
+and separator follow the broker's transport options, defaulting to kombu's own. Celery's result
+keys come from the result backend itself. Lua scripts live beside this package as ``*.lua``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+from kombu.transport.redis import PRIORITY_STEPS, Channel
+
+
+@dataclass(frozen=True)
+class Held:
+    """A message a worker holds unacknowledged: its delivery tag, the message, the queue it came from."""
+
+    tag: str
+    message: dict[str, Any]
+    queue: str
+
+    @property
+    def task_id(self) -> str | None:
+        return (self.message.get("headers") or {}).get("id")
+
+
+@dataclass(frozen=True)
+class RedisLayout:
+    """kombu's key names and separator for one broker (see the module docstring)."""
+
+    unacked_key: str = Channel.unacked_key
+    unacked_index_key: str = Channel.unacked_index_key
+    sep: str = Channel.sep
+    priority_steps: tuple[int, ...] = tuple(PRIORITY_STEPS)
+    global_keyprefix: str = ""
+
+    @classmethod
+    def of(cls, transport_options: dict[str, Any] | None) -> RedisLayout:
+        """The layout a broker with these ``broker_transport_options`` uses."""
+        options = transport_options or {}
+        base = cls()
+        return cls(unacked_key=options.get("unacked_key", base.unacked_key),
+                   unacked_index_key=options.get("unacked_index_key", base.unacked_index_key),
+                   sep=options.get("sep", base.sep),
+                   priority_steps=tuple(options.get("priority_steps", base.priority_steps)),
+                   global_keyprefix=options.get("global_keyprefix", base.global_keyprefix))
+
+    @classmethod
+    def of_app(cls, app: Any) -> RedisLayout:
+        return cls.of(app.conf.broker_transport_options)
+
+    def _key(self, name: str) -> str:
+        return self.global_keyprefix + name
+
+    def queue_lists(self, queue: str) -> list[str]:
+        """The Redis lists holding a queue's waiting messages, one per priority step."""
+        return [self._key(f"{queue}{self.sep}{step}" if step else queue) for step in self.priority_steps]
+
+    def queue_depth(self, client: redis.Redis, queue: str) -> int:
+        """Messages waiting in a queue (every priority list of it), in one round trip."""
+        pipe = client.pipeline(transaction=False)
+        for name in self.queue_lists(queue):
+            pipe.llen(name)
+        return sum(pipe.execute())
+
+    def waiting(self, client: redis.Redis, queue: str) -> list[tuple[str, bytes]]:
+        """Every message waiting in a queue: (the list it is in, its raw body)."""
+        return [(name, raw) for name in self.queue_lists(queue) for raw in client.lrange(name, 0, -1)]
+
+    def held(self, client: redis.Redis) -> list[Held]:
+        """Every message delivered to a worker and not acknowledged yet."""
+        items = []
+        for tag, raw in client.hgetall(self._key(self.unacked_key)).items():
+            message, _exchange, queue = json.loads(raw)
+            items.append(Held(tag.decode(), message, queue))
+        return items
+
+    def held_by_queue(self, client: redis.Redis) -> Counter[str]:
+        """How many messages workers hold, per queue they came from."""
+        return Counter(json.loads(raw)[2] for raw in client.hvals(self._key(self.unacked_key)))
+
+    def held_since(self, client: redis.Redis, tag: str) -> float | None:
+        """When a held message was delivered (kombu's index), if it is still held."""
+        return client.zscore(self._key(self.unacked_index_key), tag)
+
+    def drop_held(self, client: redis.Redis, queue: str) -> int:
+        """Forget the held messages that came from ``queue`` (its workers are gone for good)."""
+        tags = [item.tag for item in self.held(client) if item.queue == queue]
+        if tags:
+            pipe = client.pipeline()
+            pipe.hdel(self._key(self.unacked_key), *tags)
+            pipe.zrem(self._key(self.unacked_index_key), *tags)
+            pipe.execute()
+        return len(tags)
+
+    def bound_queues(self, client: redis.Redis, exchange: str) -> list[str]:
+        """The queues bound to an exchange (for Celery's direct exchange: every worker's own queue)."""
+        members = client.smembers(self._key(Channel.keyprefix_queue % exchange))
+        return [member.decode().rsplit(self.sep, 1)[-1] for member in members]
+
+
+def restore(app: Any, tag: str) -> None:
+    """Put a held message back on its queue with kombu's own restore (priorities, redelivered
+    flag), on a short-lived channel."""
+    with app.connection_for_write() as connection:
+        connection.default_channel.qos.restore_by_tag(tag)
+
+
+def task_meta_key(app: Any, task_id: str) -> bytes:
+    """The Redis key of a task's result, as the app's result backend names it."""
+    return bytes(app.backend.get_key_for_task(task_id))
+
+
+def script(client: redis.Redis, name: str) -> Any:
+    """A Lua script shipped as ``sluice/lua/<name>.lua``, registered on ``client``."""
+    return client.register_script(resources.files("sluice").joinpath("lua", f"{name}.lua").read_text())

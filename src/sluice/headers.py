@@ -1,0 +1,65 @@
+"""Every ``sluice_*`` message header, and the one parser and encoder of them.
+
+Celery hands a message's custom headers to the worker as attributes of ``task.request`` (and in
+the worker ``Request``'s ``request_dict``); :meth:`Headers.read` takes either. Precedence, where
+they are used: a header wins over the task's own options, which win over the app's defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.compute import Compute
+from sluice.tasks.retry import RetryPolicy
+
+#: The attempt number (1-based) a message carries; a retry publishes attempt + 1.
+ATTEMPT = "sluice_attempt"
+#: A per-message compute (set when a retry escalates it, or by a batch run or remote call).
+COMPUTE = "sluice_compute"
+#: A per-message retry policy (asset steps and batch chunks share one task each).
+POLICY = "sluice_retry"
+#: The message's home queue: retries go back to the same worker (its worker_direct queue) while
+#: that worker lives, else to the home queue.
+STICKY = "sluice_sticky"
+#: A retried remote call: the memory limit its fresh sandbox starts at, and why it was retried.
+REMOTE_START = "sluice_remote_start"
+REMOTE_REASON = "sluice_remote_reason"
+
+
+@dataclass(frozen=True)
+class Headers:
+    """The sluice headers of one message, parsed; absent ones are None (attempt defaults to 1)."""
+
+    attempt: int = 1
+    compute: Compute | None = None
+    policy: RetryPolicy | None = None
+    sticky: str | None = None
+    remote_start: int | None = None
+    remote_reason: str | None = None
+
+    @classmethod
+    def read(cls, source: Mapping[str, Any] | Any) -> Headers:
+        """From message headers or a ``request_dict`` (a mapping), or from a request (attributes)."""
+        fields = source if isinstance(source, Mapping) else vars(source)
+        compute, policy, start = fields.get(COMPUTE), fields.get(POLICY), fields.get(REMOTE_START)
+        return cls(attempt=int(fields.get(ATTEMPT) or 1),
+                   compute=Compute.from_dict(compute) if compute else None,
+                   policy=RetryPolicy.from_dict(policy) if policy else None,
+                   sticky=fields.get(STICKY) or None,
+                   remote_start=int(start) if start else None,
+                   remote_reason=fields.get(REMOTE_REASON) or None)
+
+    def encode(self) -> dict[str, Any]:
+        """The headers to publish (only the ones set; attempt 1 is implied)."""
+        values = {ATTEMPT: self.attempt if self.attempt != 1 else None,
+                  COMPUTE: self.compute.to_dict() if self.compute is not None else None,
+                  POLICY: self.policy.to_dict() if self.policy is not None else None,
+                  STICKY: self.sticky, REMOTE_START: self.remote_start, REMOTE_REASON: self.remote_reason}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+def attempt_of(request: Any) -> int:
+    """The attempt number of the message a request (or ``request_dict``) runs."""
+    return Headers.read(request).attempt

@@ -1,0 +1,13 @@
+"""Worker side of batch runs: the chunk task, and the app the runner's local workers serve."""
+
+from celery.signals import task_failure
+
+from sluice.capability import Capability
+from sluice.workers.batch.chunk_task import (
+    RUN_CHUNK_TASK,
+    record_chunk_failure,
+    run_chunk,
+)
+
+#: Batch runs: every worker can run chunks of any run; a chunk that fails for good records its items.
+BATCH = Capability("batch", tasks={RUN_CHUNK_TASK: run_chunk}, signals=((task_failure, record_chunk_failure),))

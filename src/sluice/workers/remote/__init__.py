@@ -1,0 +1,16 @@
+"""Worker side of remote functions: the call and session tasks, sandboxes, package environments."""
+
+from sluice.capability import Capability
+from sluice.client.remote.routing import remote_catalog
+from sluice.client.remote.settings import RemoteSettings
+from sluice.workers.remote.bootstep import RemoteWorkerStep
+from sluice.workers.remote.call_task import (
+                    REMOTE_TASK,
+                    SESSION_TASK,
+                    run_remote,
+                    run_session,
+)
+
+#: Remote functions: workers run signed calls in sandboxes; ``remote_classes`` must name classes.
+REMOTE = Capability("remote", tasks={REMOTE_TASK: run_remote, SESSION_TASK: run_session},
+                    bootsteps=(RemoteWorkerStep,), settings=RemoteSettings, check=remote_catalog)
