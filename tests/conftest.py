@@ -19,6 +19,17 @@ from sluice.deploy.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: Fixtures that start a redis-server (and, through it, workers): a test using one is integration.
+_REAL_SERVER_FIXTURES = {"redis_server"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs the real redis-server as integration (the fixture closure
+    includes redis_client, workers and basic_app), so ``-m "not integration"`` is the fast loop."""
+    for item in items:
+        if _REAL_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:

@@ -12,10 +12,10 @@ import pytest
 
 from sluice.client.batch.records import ID_PREFIX, Failure, Ready, decode, encode
 from sluice.client.remote.settings import RemoteSettings
+from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.errors import ConfigurationError
 from sluice.headers import Headers
-from sluice.compute import Compute
 from sluice.tasks.retry import RetryOn, RetryPolicy
 from sluice.workers.heartbeat import WorkerBeat
 

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import uuid
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,12 @@ import redis
 from rich.console import Console
 
 from sluice.app import App
-from sluice.client.batch import torchrun
-from sluice.client.batch.driver import EXIT_INTERRUPTED, Driver, RunSettings
+from sluice.client.batch import finalise, torchrun
+from sluice.client.batch.driver import Driver
 from sluice.client.batch.local_workers import LocalWorkers
 from sluice.client.batch.observe import Observer
+from sluice.client.batch.progress import EXIT_INTERRUPTED, RunSettings
+from sluice.client.batch.records import Record, encode
 from sluice.client.batch.sink import Sink
 from sluice.client.batch.taskfile import TaskFile
 from sluice.client.batch.torchrun import Ranks
@@ -30,6 +33,21 @@ from sluice.config import Settings
 from sluice.deploy.embedded import EmbeddedRedis
 
 console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What the command line asked of a run (``sluice compute --help`` explains each)."""
+
+    workers: int | None
+    per_worker: int
+    python: str
+    retries: int
+    results_mode: str
+    resume: bool
+    rerun_failed: bool
+    observe: bool
+    quarantine_after: int
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
@@ -105,8 +123,9 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
             torchrun.reset(redis.Redis.from_url(url), run_id)
             torchrun.share_run(ranks, {"broker": url, "run_id": run_id, "queue": private_queue(run_id)},
                                broker or settings.broker_url)
-        code = _run(tf, url, run_id, sink_dir, workers, per_worker, python, retries, results_mode, resume,
-                    rerun_failed, observe, quarantine_after, settings, ranks)
+        options = RunOptions(workers, per_worker, python, retries, results_mode, resume, rerun_failed, observe,
+                             quarantine_after)
+        code = _run(tf, url, run_id, sink_dir, options, settings, ranks)
         if ranks:
             torchrun.release(redis.Redis.from_url(url), ranks, run_id, code)
     finally:
@@ -148,9 +167,10 @@ def _serve_rank(ranks: Ranks, broker: str | None, workers: int, per_worker: int,
     return EXIT_INTERRUPTED if code is None else code
 
 
-def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, workers: int | None, per_worker: int, python: str,
-         retries: int, results_mode: str, resume: bool, rerun_failed: bool, observe: bool, quarantine_after: int,
-         settings: Settings, ranks: Ranks | None = None) -> int:
+def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOptions, settings: Settings,
+         ranks: Ranks | None = None) -> int:
+    """One run of ``tf`` on the broker at ``url``, into ``sink_dir``; returns the exit code."""
+    workers, per_worker = options.workers, options.per_worker
     app = App("sluice.compute", broker=url)
     app.conf.task_send_sent_event = False  # one event per chunk would double the driver's publishing
     run_compute = (tf.compute or app.default_compute).inherit(app.default_compute)
@@ -158,12 +178,12 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, workers: int | Non
     store = Sink(sink_dir).open()
     if store.repaired:
         console.print(f"repaired a torn last line in {', '.join(store.repaired)}")
-    done = store.done_ids(rerun_failed) if resume else set()
-    local = (LocalWorkers(workers, per_worker, queue, run_id, python, sink_dir / "logs", {"SLUICE_BROKER_URL": url},
+    done = store.done_ids(options.rerun_failed) if options.resume else set()
+    local = (LocalWorkers(workers, per_worker, queue, run_id, options.python, sink_dir / "logs", {"SLUICE_BROKER_URL": url},
                           prefix="r0." if ranks else "").start() if workers else None)
     slots = workers * per_worker * (ranks.world_size if ranks else 1) if workers else 8
-    printer = (lambda record: click.echo(json.dumps(record, default=str))) if results_mode == "ndjson" else _ignore
-    with Observer(console) if observe else _NoObserver() as observer:
+    printer = _print_record if options.results_mode == "ndjson" else _ignore
+    with Observer(console) if options.observe else _NoObserver() as observer:
 
         def on_progress(progress: Any) -> None:
             observer(progress)
@@ -171,22 +191,22 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, workers: int | Non
                 for index in local.revive():
                     console.print(f"local worker {index} died; restarted it")
 
-        driver = Driver(app, tf, store, RunSettings(run_id, queue, retries=retries, quarantine_after=quarantine_after,
-                                                    rerun_failed=rerun_failed),
-                        slots, on_record=printer, on_progress=on_progress)
-        if not resume:
+        run_settings = RunSettings(run_id, queue, retries=options.retries, quarantine_after=options.quarantine_after,
+                                   rerun_failed=options.rerun_failed)
+        driver = Driver(app, tf, store, run_settings, slots, on_record=printer, on_progress=on_progress)
+        if not options.resume:
             driver.reset()
         _handle_interrupts(driver)
         try:
             code = driver.run(done)
         finally:
             if local is not None:
-                local.stop(interrupt=driver.stopping, idle=not driver.stopping and driver.wait_for_acks())
+                local.stop(interrupt=driver.stopping, idle=not driver.stopping and finalise.wait_for_acks(driver))
     if driver.stopping:
-        driver.finish_interrupted(private_queue=local is not None)
+        finalise.finish_interrupted(driver, private_queue=local is not None)
         code = EXIT_INTERRUPTED
     store.close()
-    if results_mode != "quiet":
+    if options.results_mode != "quiet":
         p = driver.progress
         console.print(f"run {run_id}: {p.ok} ok, {p.failed} failed, {p.cancelled} cancelled, {p.skipped} skipped "
                       f"(already in the sink), {p.duplicates} duplicate ids; {p.rate():.0f} items/s; sink {sink_dir}")
@@ -205,7 +225,11 @@ def _handle_interrupts(driver: Driver) -> None:
     signal.signal(signal.SIGTERM, on_interrupt)
 
 
-def _ignore(_record: dict[str, Any]) -> None:
+def _print_record(record: Record) -> None:
+    click.echo(encode(record))
+
+
+def _ignore(_record: Record) -> None:
     return None
 
 

@@ -9,7 +9,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from sluice.client.batch.driver import Progress
+from sluice.client.batch.progress import Progress
 
 
 class Observer:

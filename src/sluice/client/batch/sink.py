@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from sluice.client.batch.records import FAILED, ID_PREFIX, Ready, Record, decode, encode
+
 READY, FAILURES, CHECKPOINT = "ready.ndjson", "failures.ndjson", "checkpoint.json"
 
 
@@ -40,7 +42,6 @@ def repair_torn_tail(path: Path) -> bool:
         return True
 
 
-_PREFIX = '{"id": "'
 _BLOCK = 64 << 20
 
 
@@ -58,24 +59,25 @@ def _blocks(path: Path) -> Iterable[bytes]:
 
 
 def _ids(path: Path, status: str | None = None) -> Iterable[str]:
-    """Ids recorded in an ndjson file. Every line sluice writes starts with {"id": "..., so the
-    id is sliced out of each line without parsing it; an id holding an escape (or a line that
-    does not start that way) is parsed as JSON."""
+    """Ids recorded in an ndjson file. Every line starts with ``ID_PREFIX`` (records.encode puts
+    the id first), so the id is sliced out of each line without parsing it; an id holding an
+    escape (or a block with a line that does not start that way) is parsed."""
     if not path.exists():
         return
+    start = len(ID_PREFIX)
     for block in _blocks(path):
         text = block.decode("utf-8")
         lines = text.splitlines()
-        if status is None and text.count("\n" + _PREFIX) + text.startswith(_PREFIX) == len(lines):
-            ids = [line[8:line.find('"', 8)] for line in lines]
+        if status is None and text.count("\n" + ID_PREFIX) + text.startswith(ID_PREFIX) == len(lines):
+            ids = [line[start:line.find('"', start)] for line in lines]
             if "\\" in text:  # only then can an id hold an escape
-                ids = [json.loads(line)["id"] if "\\" in item else item for line, item in zip(lines, ids)]
+                ids = [decode(line).id if "\\" in item else item for line, item in zip(lines, ids)]
             yield from ids
             continue
         for line in lines:
-            record = json.loads(line)
-            if status is None or record.get("status") == status:
-                yield record["id"]
+            record = decode(line)
+            if status is None or getattr(record, "status", None) == status:
+                yield record.id
 
 
 @dataclass
@@ -98,13 +100,17 @@ class Sink:
         """Ids resume skips: every success, and failures unless re-running them (cancelled ids run again)."""
         done = set(_ids(self.directory / READY))
         if not rerun_failed:
-            done.update(_ids(self.directory / FAILURES, status="failed"))
+            done.update(_ids(self.directory / FAILURES, status=FAILED))
         return done
 
-    def write(self, ready: list[dict[str, Any]], failures: list[dict[str, Any]]) -> None:
-        for handle, records in ((self._ready, ready), (self._failures, failures)):
-            if records and handle is not None:
-                handle.write("".join(json.dumps(r, default=str) + "\n" for r in records))
+    def write(self, records: Iterable[Record]) -> None:
+        """Append records (successes to ready.ndjson, failures to failures.ndjson) and flush."""
+        ready, failures = [], []
+        for record in records:
+            (ready if isinstance(record, Ready) else failures).append(encode(record) + "\n")
+        for handle, lines in ((self._ready, ready), (self._failures, failures)):
+            if lines and handle is not None:
+                handle.write("".join(lines))
                 handle.flush()
 
     def checkpoint(self, data: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sluice.client.batch.records import Ready, decode
 from sluice.client.batch.sink import READY
 from sluice.errors import ConfigurationError
 
@@ -57,10 +58,10 @@ def _records(path: Path) -> Iterator[list[dict[str, Any]]]:
         return
     with open(path, encoding="utf-8") as lines:
         for line in lines:
-            record = json.loads(line)
-            chunk.append({"id": record["id"], "worker": record.get("worker"), "attempts": record.get("attempts"),
-                          "started": record.get("started"), "seconds": record.get("seconds"),
-                          "result": json.dumps(record.get("result"))})
+            record = decode(line)  # ready.ndjson holds successes only
+            assert isinstance(record, Ready), f"{path} holds a failure record: {line[:200]}"
+            chunk.append({"id": record.id, "worker": record.worker, "attempts": record.attempts,
+                          "started": record.started, "seconds": record.seconds, "result": json.dumps(record.result)})
             if len(chunk) >= BATCH_ROWS:
                 yield chunk
                 chunk = []

@@ -13,6 +13,7 @@ import traceback
 from typing import Any
 
 from sluice import keys
+from sluice.client.batch.records import FAILED, Failure, Ready, encode
 from sluice.client.batch.taskfile import TaskFile
 from sluice.headers import attempt_of
 
@@ -32,16 +33,14 @@ def task_file(client: Any, run_id: str) -> TaskFile:
 
 
 def _record(task_file: TaskFile, item: dict[str, Any], worker: str, attempt: int) -> tuple[str, str]:
-    """(id, the sink line): a ready line, or a failure line (the ones with a "status")."""
+    """(id, the encoded record): what execute() returned, or how it failed."""
     started = time.time()
     try:
         result = task_file.execute(item)
-        return item["id"], json.dumps({"id": item["id"], "result": result, "worker": worker, "attempts": attempt,
-                                       "started": started, "seconds": round(time.time() - started, 6)})
+        return item["id"], encode(Ready(item["id"], result, worker, attempt, started, round(time.time() - started, 6)))
     except Exception as exc:  # a business failure (or a result JSON cannot hold): recorded, never retried
-        return item["id"], json.dumps({"id": item["id"], "status": "failed", "error": type(exc).__name__,
-                                       "message": str(exc), "traceback": traceback.format_exc(),
-                                       "worker": worker, "attempts": attempt}, default=str)
+        return item["id"], encode(Failure(item["id"], FAILED, type(exc).__name__, str(exc), traceback.format_exc(),
+                                          worker, attempt))
 
 
 def run_chunk(task: Any, run_id: str, items: list[dict[str, Any]]) -> int:
@@ -93,8 +92,7 @@ def record_chunk_failure(sender: Any = None, task_id: str = "", exception: BaseE
     missing = [i for i, done in zip(ids, client.hmget(results, ids)) if done is None]
     if not missing:
         return
-    lines = {i: json.dumps({"id": i, "status": "failed", "error": type(exception).__name__, "message": str(exception),
-                            "traceback": "", "worker": None, "chunk": task_id}) for i in missing}
+    lines = {i: encode(Failure.of_chunk(i, exception, task_id)) for i in missing}
     pipe = client.pipeline(transaction=False)
     pipe.hset(results, mapping=lines)
     pipe.rpush(keys.run(run_id, "ready"), *lines.values())

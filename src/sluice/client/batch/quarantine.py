@@ -1,0 +1,38 @@
+"""Quarantine: stop feeding a worker that keeps failing a run's chunks for infrastructure reasons.
+
+Every retried or failed chunk's attempt history names the worker of each failed attempt; a
+worker with ``after`` such failures has its consumer of the run's queue cancelled (Celery's
+``cancel_consumer``), never the last healthy worker, and is listed in the checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from sluice.client.batch.progress import Progress
+from sluice.tasks.history import read as read_history
+
+
+class Quarantine:
+    """Counts infrastructure failures per worker, from the chunks' attempt histories."""
+
+    def __init__(self, app: Any, queue: str, after: int, progress: Progress) -> None:
+        self.app, self.queue, self.after, self.progress = app, queue, after, progress
+        self.failures: Counter[str] = Counter()
+        self._seen: set[tuple[str, int]] = set()
+
+    def observe(self, chunk_id: str) -> None:
+        """Count the attempts of ``chunk_id`` not counted yet; quarantine whoever reaches the limit."""
+        for attempt in read_history(self.app.redis, chunk_id):
+            marker = (chunk_id, attempt["attempt"])
+            if marker in self._seen:
+                continue
+            self._seen.add(marker)
+            worker = attempt["worker"]
+            self.failures[worker] += 1
+            quarantined = self.progress.quarantined
+            healthy = set(self.progress.per_worker) - set(quarantined) - {worker}
+            if self.failures[worker] >= self.after and worker not in quarantined and healthy:
+                quarantined.append(worker)
+                self.app.control.cancel_consumer(self.queue, destination=[worker])

@@ -1,0 +1,72 @@
+"""Recovery: resume a run from what Redis and the sink hold, and resend chunks that were lost.
+
+* **Resume.** Records the result cache holds but the sink lacks (a driver died after workers
+  cached them) go to the sink first; ids in the SkipSet without a record were dispatched by an
+  earlier driver and are awaited, not dispatched again. ``--rerun-failed`` forgets failures.
+* **Lost chunks.** A message can vanish between a queue and a worker's hold (the worker was
+  killed after taking it, before kombu recorded it as unacknowledged). A chunk that has not
+  started and is in no queue and no hold on two checks 10 s apart is sent again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+import redis
+
+from sluice._kombu import RedisLayout
+from sluice.client.batch.records import FAILED, Failure, decode
+
+if TYPE_CHECKING:
+    from sluice.client.batch.driver import Driver
+
+
+def resume(driver: Driver, done: set[str]) -> None:
+    """Sink what the cache computed meanwhile; await what earlier drivers dispatched (``done``:
+    the ids the sink holds, updated here)."""
+    client, results = driver.client, driver.key("results")
+    lines, rerun = [], []
+    for raw_id, raw in client.hscan_iter(results, count=5000):
+        item_id = raw_id.decode()
+        if driver.settings.rerun_failed and _failed(raw):
+            rerun.append(item_id)            # --rerun-failed: forget the failure, dispatch it again
+        elif item_id not in done:
+            lines.append(raw)
+            done.add(item_id)
+    if rerun:
+        client.hdel(results, *rerun)
+        client.srem(driver.key("skip"), *rerun)
+    driver.write(lines, only_waiting=False)
+    client.delete(driver.key("ready"))
+    for raw_id in client.sscan_iter(driver.key("skip"), count=5000):
+        if raw_id.decode() not in done:
+            driver.inherited.add(raw_id.decode())
+    driver.waiting |= driver.inherited
+
+
+def _failed(raw: bytes) -> bool:
+    record = decode(raw)
+    return isinstance(record, Failure) and record.status == FAILED
+
+
+class LostChunks:
+    """Finds chunks lost between a queue and a worker's hold (see the module docstring)."""
+
+    def __init__(self, client: redis.Redis, layout: RedisLayout, queue: str, every: float = 10.0) -> None:
+        self.client, self.layout, self.queue, self.every = client, layout, queue, every
+        self._suspects: set[str] = set()
+        self._last = time.monotonic()
+
+    def lost(self, unstarted: set[str]) -> set[str]:
+        """Of the chunk ids with no result yet, those missing from every queue and hold on this
+        check and the previous one (checks run at most every ``every`` seconds)."""
+        if time.monotonic() - self._last < self.every:
+            return set()
+        self._last = time.monotonic()
+        held = {item.task_id for item in self.layout.held(self.client)}
+        queued = {json.loads(raw).get("headers", {}).get("id") for _, raw in self.layout.waiting(self.client, self.queue)}
+        missing = unstarted - held - queued
+        lost, self._suspects = missing & self._suspects, missing
+        return lost
