@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from sluice import App, Compute, ComputeEscalation, ResourceClass, RetryOn, RetryPolicy
+from sluice.headers import attempt_of
 
 app = App("bench.escalation", default_compute=Compute(cpu="1", memory="150Mi"), classes=[
     ResourceClass("small", Compute(cpu="1", memory="150Mi"), slots=2),
@@ -18,7 +19,7 @@ POLICY = RetryPolicy(max_retries=2, retry_on=RetryOn.OOM, escalate=ComputeEscala
 
 def _attempt(task: Any) -> int:
     """Record when this attempt started; return its number."""
-    number = int(getattr(task.request, "sluice_attempt", None) or 1)
+    number = attempt_of(task.request)
     app.redis.set(f"bench:start:{task.request.id}:{number}", time.time())
     return number
 

@@ -72,9 +72,10 @@ class RedisLayout:
             pipe.llen(name)
         return sum(pipe.execute())
 
-    def waiting(self, client: redis.Redis, queue: str) -> list[tuple[str, bytes]]:
-        """Every message waiting in a queue: (the list it is in, its raw body)."""
-        return [(name, raw) for name in self.queue_lists(queue) for raw in client.lrange(name, 0, -1)]
+    def waiting_task_ids(self, client: redis.Redis, queue: str) -> set[str | None]:
+        """The task ids of every message waiting in a queue (every priority list of it)."""
+        return {(json.loads(raw).get("headers") or {}).get("id")
+                for name in self.queue_lists(queue) for raw in client.lrange(name, 0, -1)}
 
     def held(self, client: redis.Redis) -> list[Held]:
         """Every message delivered to a worker and not acknowledged yet."""
@@ -118,6 +119,12 @@ def restore(app: Any, tag: str) -> None:
 def task_meta_key(app: Any, task_id: str) -> bytes:
     """The Redis key of a task's result, as the app's result backend names it."""
     return bytes(app.backend.get_key_for_task(task_id))
+
+
+def task_states(client: redis.Redis, app: Any, task_ids: list[str]) -> list[str | None]:
+    """Each task's stored state (None: nothing stored yet), in one round trip."""
+    metas = client.mget([task_meta_key(app, task_id) for task_id in task_ids])
+    return [None if raw is None else app.backend.decode(raw)["status"] for raw in metas]
 
 
 def script(client: redis.Redis, name: str) -> Any:

@@ -16,6 +16,7 @@ from sluice import (
     RetryPolicy,
     Transient,
 )
+from sluice.headers import attempt_of
 
 app = App("tests.apps.ladder", default_compute=Compute(cpu="1", memory="100Mi"), classes=[
     ResourceClass("small", Compute(cpu="1", memory="150Mi"), slots=2),
@@ -32,7 +33,7 @@ def _attempt(task: Any) -> dict[str, Any]:
     """Count this execution in Redis and say where it ran."""
     app.redis.rpush(f"test:runs:{task.request.id}", task.request.delivery_info.get("routing_key"))
     return {"queue": task.request.delivery_info.get("routing_key"), "worker": task.request.hostname,
-            "attempt": int(getattr(task.request, "sluice_attempt", None) or 1)}
+            "attempt": attempt_of(task.request)}
 
 
 def _hold(mib: int, seconds: float) -> None:

@@ -220,15 +220,15 @@ class Driver:
             return
         self._last_poll = time.monotonic()
         ids = list(self.chunks)
-        metas = self.client.mget([_kombu.task_meta_key(self.app, i) for i in ids])
-        for chunk_id, raw in zip(ids, metas):
+        chunk_states = _kombu.task_states(self.client, self.app, ids)
+        for chunk_id, state in zip(ids, chunk_states):
             if not any(i in self.waiting for i in self.chunks[chunk_id]):
                 del self.chunks[chunk_id]
                 self._items.pop(chunk_id, None)
                 continue
-            if raw and json.loads(raw)["status"] in (states.RETRY, states.FAILURE):
+            if state in (states.RETRY, states.FAILURE):
                 self.quarantine.observe(chunk_id)
-        unstarted = {i for i, raw in zip(ids, metas) if raw is None and i in self.chunks}
+        unstarted = {i for i, state in zip(ids, chunk_states) if state is None and i in self.chunks}
         for chunk_id in self.lost_chunks.lost(unstarted):
             ids_left = [i for i in self.chunks.pop(chunk_id) if i in self.waiting]
             items = [item for item in self._items.pop(chunk_id, []) if item["id"] in ids_left]

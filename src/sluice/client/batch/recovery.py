@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING
 
@@ -66,7 +65,7 @@ class LostChunks:
             return set()
         self._last = time.monotonic()
         held = {item.task_id for item in self.layout.held(self.client)}
-        queued = {json.loads(raw).get("headers", {}).get("id") for _, raw in self.layout.waiting(self.client, self.queue)}
+        queued = self.layout.waiting_task_ids(self.client, self.queue)
         missing = unstarted - held - queued
         lost, self._suspects = missing & self._suspects, missing
         return lost
