@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from sluice.errors import ConfigurationError
 from sluice.units import (
+    MAX_VALUE,
     format_cpu,
     format_memory,
     format_size,
@@ -105,7 +106,12 @@ def test_size_invalid(bad: object) -> None:
 @given(st.integers(min_value=0, max_value=2**50), st.sampled_from([("Ki", Ki), ("Mi", Mi), ("Gi", Gi), ("K", 1000),
                                                                    ("MB", 10**6), ("", 1)]))
 def test_size_suffix_arithmetic(number: int, suffix: tuple[str, int]) -> None:
-    assert parse_size(f"{number}{suffix[0]}") == number * suffix[1]
+    """A size is number x its suffix's factor up to 2**63 - 1 bytes; a larger one is refused by name."""
+    if number * suffix[1] <= MAX_VALUE:
+        assert parse_size(f"{number}{suffix[0]}") == number * suffix[1]
+    else:
+        with pytest.raises(ConfigurationError, match="too large"):
+            parse_size(f"{number}{suffix[0]}")
 
 
 def test_format_size_reads_well() -> None:

@@ -7,17 +7,19 @@ from typing import Any
 from sluice.errors import ConfigurationError
 from sluice.units import format_cpu, format_memory, parse_cpu, parse_memory
 
-GPU_FORMS = 'a whole count as an int or a string (0, 1, "2")'
+#: More GPUs than any one machine has: a larger count is a typo.
+MAX_GPUS = 1024
+GPU_FORMS = f'a whole count from 0 to {MAX_GPUS} as an int or a string (0, 1, "2")'
 
 
 def parse_gpu(value: object) -> int:
     """A whole, non-negative gpu count; ``"1"`` and ``1`` both mean one GPU."""
     if isinstance(value, bool):
         raise ConfigurationError(f"gpu {value!r} is not a count; use {GPU_FORMS}")
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    if isinstance(value, int) and value >= 0:
-        return value
+    text = value.strip() if isinstance(value, str) else None
+    count = int(text) if text and len(text) <= 4 and text.isascii() and text.isdigit() else value
+    if isinstance(count, int) and 0 <= count <= MAX_GPUS:
+        return count
     raise ConfigurationError(f"gpu {value!r} is not a count; use {GPU_FORMS}")
 
 

@@ -16,7 +16,9 @@ validated when the settings are loaded.
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -26,7 +28,10 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from sluice.compute import Compute
 from sluice.errors import ConfigurationError
-from sluice.queues.catalog import Catalog
+from sluice.queues.catalog import CLASS_KEYS, Catalog
+from sluice.units import real_number
+
+log = logging.getLogger("sluice.config")
 
 SETTING_KEYS = ("broker_url", "result_backend", "default_cpu", "default_memory", "visibility_timeout",
                 "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes")
@@ -90,7 +95,13 @@ class Settings:
             unknown = set(layer) - set(accepted)
             if unknown:
                 raise ConfigurationError(f"unknown sluice settings {sorted(unknown)}; accepted: {', '.join(accepted)}")
-            for name, table in dict(layer.pop("classes", {})).items():
+            tables = layer.pop("classes", {})
+            if not isinstance(tables, Mapping):
+                raise ConfigurationError(f"setting classes={tables!r} must be a table of class tables, e.g. "
+                                         '[classes.highmem] memory = "128Gi"')
+            for name, table in tables.items():
+                if not isinstance(table, Mapping):
+                    raise ConfigurationError(f"resource class {name!r} must be a table of {', '.join(CLASS_KEYS)}")
                 classes.setdefault(name, {}).update(table)
             merged.update(layer)
         core = cls._from_table(merged, classes)
@@ -108,39 +119,74 @@ class Settings:
     @classmethod
     def _from_table(cls, table: dict[str, Any], classes: dict[str, dict[str, Any]]) -> Settings:
         defaults = cls()
-        default_compute = Compute(cpu=table.get("default_cpu", defaults.default_compute.cpu),
-                                  memory=table.get("default_memory", defaults.default_compute.memory))
+        try:
+            default_compute = Compute(cpu=table.get("default_cpu", defaults.default_compute.cpu),
+                                      memory=table.get("default_memory", defaults.default_compute.memory))
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"setting default_cpu/default_memory: {exc}") from None
         return cls(
-            broker_url=table.get("broker_url") or None,
-            result_backend=table.get("result_backend") or None,
+            broker_url=text(table, "broker_url"),
+            result_backend=text(table, "result_backend"),
             default_compute=default_compute,
-            visibility_timeout=positive(table, "visibility_timeout", defaults.visibility_timeout, int),
-            watchdog_interval=positive(table, "watchdog_interval", defaults.watchdog_interval, float),
-            heartbeat_interval=positive(table, "heartbeat_interval", defaults.heartbeat_interval, float),
-            reaper_interval=positive(table, "reaper_interval", defaults.reaper_interval, float),
-            orphan_grace=positive(table, "orphan_grace", defaults.orphan_grace, float),
-            home=Path(table["home"]).expanduser() if table.get("home") else defaults.home,
+            visibility_timeout=bounded(table, "visibility_timeout", defaults.visibility_timeout, int,
+                                       *BOUNDS["visibility_timeout"]),
+            watchdog_interval=bounded(table, "watchdog_interval", defaults.watchdog_interval, float,
+                                      *BOUNDS["watchdog_interval"]),
+            heartbeat_interval=bounded(table, "heartbeat_interval", defaults.heartbeat_interval, float,
+                                       *BOUNDS["heartbeat_interval"]),
+            reaper_interval=bounded(table, "reaper_interval", defaults.reaper_interval, float,
+                                    *BOUNDS["reaper_interval"]),
+            orphan_grace=bounded(table, "orphan_grace", defaults.orphan_grace, float, *BOUNDS["orphan_grace"]),
+            home=Path(text(table, "home") or defaults.home).expanduser(),
             catalog=Catalog.merged(classes),
         )
 
 
-def positive(table: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:
+#: Each numeric core setting's accepted range, inclusive.
+BOUNDS = {"visibility_timeout": (1, 10 * 365 * 86_400), "watchdog_interval": (0.005, 10.0),
+          "heartbeat_interval": (0.1, 60.0), "reaper_interval": (0.1, 3600.0), "orphan_grace": (0.1, 86_400.0)}
+
+
+def bounded(table: Mapping[str, Any], key: str, default: Any, kind: type, low: float, high: float,
+            low_open: bool = False) -> Any:
+    """A positive number setting within ``[low, high]`` (``(low, high]`` with ``low_open``): from a
+    file a real number (never a bool), from the environment its ASCII text; ``kind`` int wants a
+    whole number. Anything else is a ConfigurationError naming the setting, the value and the range."""
     if key not in table:
         return default
+    raw = table[key]
+    value: object = raw
+    if isinstance(raw, str):
+        text = raw.strip()
+        try:
+            value = float(text) if text.isascii() and len(text) <= 32 else raw
+        except ValueError:
+            value = raw
+    whole = " whole" if kind is int else ""
+    span = f"above {low:g} and at most {high:g}" if low_open else f"from {low:g} to {high:g}"
+    accepted = f"must be a positive{whole} number {span}"
     try:
-        value = kind(table[key])
-    except (TypeError, ValueError):
-        value = 0
-    if value <= 0:
-        raise ConfigurationError(f"setting {key}={table[key]!r} must be a positive number")
+        number = real_number(value, f"setting {key}", low, high, low_open=low_open)
+    except ConfigurationError:
+        raise ConfigurationError(f"setting {key}={raw!r} {accepted}") from None
+    if kind is int and number != int(number):
+        raise ConfigurationError(f"setting {key}={raw!r} {accepted}")
+    return int(number) if kind is int else number
+
+
+def text(table: Mapping[str, Any], key: str) -> str | None:
+    """A text setting (a URL, a path, a secret); unset or empty is None."""
+    value = table.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigurationError(f"setting {key}={value!r} must be text (a string)")
     return value
 
 
 def fraction(table: Mapping[str, Any], key: str, default: float) -> float:
-    value = positive(table, key, default, float)
-    if value > 1:
-        raise ConfigurationError(f"setting {key}={table[key]!r} must be a fraction between 0 and 1")
-    return float(value)
+    """A share: a number greater than 0 and at most 1."""
+    return float(bounded(table, key, default, float, 0, 1, low_open=True))
 
 
 def flag(table: Mapping[str, Any], key: str) -> bool:
@@ -167,7 +213,7 @@ def names(table: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
 
 
 def _config_path(cwd: Path, env: Mapping[str, str]) -> Path:
-    explicit = env.get("SLUICE_CONFIG")
+    explicit = env.get(CONFIG_ENV)
     if explicit and not Path(explicit).is_file():
         raise ConfigurationError(f"SLUICE_CONFIG={explicit!r} is not a file; point it at a sluice.toml")
     return Path(explicit) if explicit else cwd / "sluice.toml"
@@ -186,8 +232,30 @@ def _pyproject_table(path: Path) -> dict[str, Any]:
     return dict(_toml_file(path).get("tool", {}).get("sluice", {}))
 
 
+#: ``SLUICE_*`` variables that are not settings: the config file's path and the GPU overrides.
+CONFIG_ENV, GPU_COUNT_ENV, GPU_MEMORY_ENV = "SLUICE_CONFIG", "SLUICE_GPU_COUNT", "SLUICE_GPU_MEMORY"
+
+
+def warn_unknown_env(env: Mapping[str, str], accepted: tuple[str, ...]) -> list[str]:
+    """Warn once per process about each ``SLUICE_*`` variable sluice does not read (a typo such
+    as ``SLUICE_VISIBILTY_TIMEOUT`` would otherwise be ignored), naming the closest known one."""
+    known = [f"SLUICE_{key.upper()}" for key in accepted] + [CONFIG_ENV, GPU_COUNT_ENV, GPU_MEMORY_ENV]
+    unknown = sorted(name for name in env if name.startswith("SLUICE_") and name not in known)
+    for name in unknown:
+        if name not in _warned:
+            _warned.add(name)
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else f"; sluice reads {', '.join(known)}"
+            log.warning("ignoring environment variable %s: it is not a sluice setting%s", name, hint)
+    return unknown
+
+
+_warned: set[str] = set()
+
+
 def _env_table(env: Mapping[str, str], accepted: tuple[str, ...]) -> dict[str, Any]:
     """``SLUICE_<SETTING>`` for each setting; ``SLUICE_CLASSES`` is a JSON object of class tables."""
+    warn_unknown_env(env, accepted)
     table: dict[str, Any] = {}
     for key in accepted:
         value = env.get(f"SLUICE_{key.upper()}")

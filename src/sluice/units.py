@@ -11,6 +11,7 @@ Two grammars live here because users meet both:
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal, InvalidOperation
 
@@ -18,7 +19,13 @@ from sluice.errors import ConfigurationError
 
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
 _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-_QUANTITY = re.compile(r"^(?P<num>[+]?(?:\d+\.?\d*|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+# ASCII digits only (\d would take "١" and "１"); an exponent of at most two digits.
+_QUANTITY = re.compile(r"^(?P<num>[+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|"
+                       r"[eE][+-]?[0-9]{1,2})?$")
+#: Longer text is refused before it is parsed: no real quantity needs more.
+MAX_TEXT = 64
+#: The largest quantity in base units (bytes, cores) and the largest byte size: 2**63 - 1.
+MAX_VALUE = (1 << 63) - 1
 
 CPU_FORMS = 'a number of cores ("4", "0.5", "1.5", 2) or millicores ("500m")'
 MEMORY_FORMS = (
@@ -36,8 +43,10 @@ def _quantity(value: object, what: str, forms: str) -> Decimal:
     """Parse a Kubernetes quantity to an exact Decimal in base units (cores or bytes)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigurationError(f"{what} {value!r} is not a quantity; use {forms}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigurationError(f"{what} {value!r} is not a finite number; use {forms}")
     text = str(value).strip() if not isinstance(value, float) else repr(value)
-    match = _QUANTITY.match(text)
+    match = _QUANTITY.match(text) if len(text) <= MAX_TEXT else None
     if not match:
         raise ConfigurationError(f"{what} {value!r} is not a quantity; use {forms}")
     try:
@@ -46,13 +55,15 @@ def _quantity(value: object, what: str, forms: str) -> Decimal:
         raise ConfigurationError(f"{what} {value!r} is not a quantity; use {forms}") from None
     suffix = match["suffix"] or ""
     if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return number * _DECIMAL[suffix]
-    if suffix == "m":
-        return number / 1000
-    if suffix:
-        return number * (Decimal(10) ** int(suffix[1:]))
+        number *= _BINARY[suffix]
+    elif suffix in _DECIMAL:
+        number *= _DECIMAL[suffix]
+    elif suffix == "m":
+        number /= 1000
+    elif suffix:
+        number *= Decimal(10) ** int(suffix[1:])
+    if number > MAX_VALUE:
+        raise ConfigurationError(f"{what} {value!r} is too large (at most {MAX_VALUE}); use {forms}")
     return number
 
 
@@ -91,7 +102,7 @@ def format_memory(size: int) -> str:
     return str(size)
 
 
-_SIZE = re.compile(r"^(?P<num>\d+)\s*(?P<suffix>[KMGT]i?B?)?$")
+_SIZE = re.compile(r"^(?P<num>[0-9]{1,20})\s*(?P<suffix>[KMGT]i?B?)?$")
 _SIZE_FACTORS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12} | {
     k: v for k, v in _BINARY.items() if k in ("Ki", "Mi", "Gi", "Ti")
 }
@@ -102,14 +113,29 @@ def parse_size(value: object, what: str = "size") -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigurationError(f"{what} {value!r} is not a size; use {SIZE_FORMS}")
     if isinstance(value, int):
-        if value < 0:
-            raise ConfigurationError(f"{what} {value!r} is negative; use {SIZE_FORMS}")
-        return value
-    match = _SIZE.match(value.strip())
-    if not match:
-        raise ConfigurationError(f"{what} {value!r} is not a size; use {SIZE_FORMS}")
-    suffix = (match["suffix"] or "").removesuffix("B")
-    return int(match["num"]) * _SIZE_FACTORS[suffix]
+        size = value
+    else:
+        match = _SIZE.match(value.strip()) if len(value) <= MAX_TEXT else None
+        if not match:
+            raise ConfigurationError(f"{what} {value!r} is not a size; use {SIZE_FORMS}")
+        size = int(match["num"]) * _SIZE_FACTORS[(match["suffix"] or "").removesuffix("B")]
+    if size < 0:
+        raise ConfigurationError(f"{what} {value!r} is negative; use {SIZE_FORMS}")
+    if size > MAX_VALUE:
+        raise ConfigurationError(f"{what} {value!r} is too large (at most {MAX_VALUE} bytes); use {SIZE_FORMS}")
+    return size
+
+
+def real_number(value: object, what: str, low: float, high: float, *, low_open: bool = False) -> float:
+    """A finite int or float (never a bool, a string or nan/inf) within ``[low, high]`` (``(low,
+    high]`` with ``low_open``); anything else is a ConfigurationError naming it and the range."""
+    bound = f"{'greater than' if low_open else 'at least'} {low:g} and at most {high:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(f"{what}={value!r} must be a number {bound}")
+    number = float(value)
+    if not math.isfinite(number) or number > high or number < low or (low_open and number == low):
+        raise ConfigurationError(f"{what}={value!r} must be a finite number {bound}")
+    return number
 
 
 def format_size(size: int) -> str:

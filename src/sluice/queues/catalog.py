@@ -101,7 +101,10 @@ class Catalog:
             if not isinstance(table, Mapping):
                 raise ConfigurationError(f"resource class {name!r} must be a table of {', '.join(CLASS_KEYS)}")
             table = dict(table)
-            if table.pop("enabled", True) is False:
+            enabled = table.pop("enabled", True)
+            if not isinstance(enabled, bool):
+                raise ConfigurationError(f"resource class {name!r}: enabled={enabled!r} must be true or false")
+            if enabled is False:
                 classes.pop(name, None)
                 continue
             classes[name] = ResourceClass.from_mapping(name, table, classes.get(name))

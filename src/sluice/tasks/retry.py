@@ -14,7 +14,7 @@ from typing import Any
 from sluice.compute import Compute
 from sluice.errors import ConfigurationError, Transient
 from sluice.queues.catalog import Catalog
-from sluice.units import format_memory, parse_memory
+from sluice.units import format_memory, parse_memory, real_number
 
 
 class RetryOn(enum.Enum):
@@ -57,6 +57,12 @@ def classify(exc: BaseException) -> Reason:
     return Reason.TRANSIENT if isinstance(exc, TRANSIENT_EXCEPTIONS) else Reason.ERROR
 
 
+#: Growth factors (escalation, backoff) beyond this are typos, and overflow sizes and delays.
+MAX_FACTOR = 1000.0
+#: The longest backoff delay, in seconds: a day.
+MAX_DELAY = 86_400.0
+
+
 @dataclass(frozen=True)
 class ComputeEscalation:
     """After a memory kill: ``memory = min(memory * factor, max_memory)``."""
@@ -66,8 +72,7 @@ class ComputeEscalation:
     max_memory_bytes: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or self.factor <= 1:
-            raise ConfigurationError(f"ComputeEscalation factor={self.factor!r} must be a number greater than 1")
+        real_number(self.factor, "ComputeEscalation factor", 1, MAX_FACTOR, low_open=True)
         object.__setattr__(self, "max_memory_bytes", parse_memory(self.max_memory))
 
     def next_memory(self, memory_bytes: int) -> int:
@@ -83,13 +88,20 @@ class Backoff:
     maximum: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.initial < 0 or self.factor < 1 or self.maximum < self.initial:
+        real_number(self.initial, "Backoff initial", 0, MAX_DELAY)
+        real_number(self.factor, "Backoff factor", 1, MAX_FACTOR)
+        real_number(self.maximum, "Backoff maximum", 0, MAX_DELAY)
+        if self.maximum < self.initial:
             raise ConfigurationError(
                 f"Backoff(initial={self.initial}, factor={self.factor}, maximum={self.maximum}) needs "
                 "initial >= 0, factor >= 1 and maximum >= initial")
 
     def delay(self, retry: int) -> float:
-        return min(self.initial * self.factor ** max(retry - 1, 0), self.maximum)
+        try:
+            grown = self.initial * self.factor ** max(retry - 1, 0)
+        except OverflowError:  # a large factor after many retries: the cap applies
+            grown = self.maximum
+        return min(grown, self.maximum)
 
 
 @dataclass(frozen=True)

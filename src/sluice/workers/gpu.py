@@ -6,15 +6,16 @@ import os
 import shutil
 import subprocess
 
+from sluice.config import GPU_COUNT_ENV, GPU_MEMORY_ENV
 from sluice.errors import ConfigurationError
 from sluice.units import parse_size
 
 
 def gpu_count() -> int:
     """GPUs visible here: ``SLUICE_GPU_COUNT`` if set, else the lines of ``nvidia-smi -L``, else 0."""
-    override = os.environ.get("SLUICE_GPU_COUNT")
+    override = os.environ.get(GPU_COUNT_ENV)
     if override is not None:
-        if not override.strip().isdigit():
+        if not (override.strip().isascii() and override.strip().isdigit()):
             raise ConfigurationError(f"SLUICE_GPU_COUNT={override!r} must be a whole number of GPUs")
         return int(override)
     smi = shutil.which("nvidia-smi")
@@ -29,7 +30,7 @@ def gpu_count() -> int:
 
 def gpu_memory() -> int | None:
     """Bytes of memory of the smallest GPU here (``SLUICE_GPU_MEMORY`` overrides); None if unknown."""
-    override = os.environ.get("SLUICE_GPU_MEMORY")
+    override = os.environ.get(GPU_MEMORY_ENV)
     if override:
         return parse_size(override, "SLUICE_GPU_MEMORY")
     smi = shutil.which("nvidia-smi")

@@ -64,6 +64,9 @@ class Budget:
         sizes = {key: None if value is None else parse_size(value, f"{name}: {key}")
                  for key, value in (("memory", memory), ("max_memory", max_memory), ("gpu_memory", gpu_memory),
                                     ("max_gpu_memory", max_gpu_memory))}
+        for key, size in sizes.items():
+            if size == 0:
+                raise ConfigurationError(f"{name}: {key}=0 must be a size greater than zero, e.g. \"512Mi\"")
         for start, ceiling in (("memory", "max_memory"), ("gpu_memory", "max_gpu_memory")):
             if sizes[start] is not None and sizes[ceiling] is not None and sizes[ceiling] < sizes[start]:
                 raise ConfigurationError(

@@ -30,6 +30,8 @@ def normalize_packages(entries: Iterable[object] | None) -> tuple[str, ...]:
     if isinstance(entries, (str, bytes)):
         raise InvalidPackageError(f"packages={entries!r} must be a list of requirements, not one string; "
                                   f"each entry is {ACCEPTED}")
+    if not isinstance(entries, (list, tuple, set, frozenset)):
+        raise InvalidPackageError(f"packages={entries!r} must be a list of requirements; each entry is {ACCEPTED}")
     kept: dict[str, str] = {}
     for entry in entries:
         kept.setdefault(canonicalize_name(parse_requirement(entry).name), str(entry).strip())
@@ -47,6 +49,8 @@ def parse_requirement(entry: object) -> Requirement:
             f"package {entry!r} is not a requirement ({str(exc).splitlines()[0]}); use {ACCEPTED}") from None
     if requirement.url or requirement.marker:
         raise InvalidPackageError(f"package {entry!r} uses a URL or an environment marker; use {ACCEPTED}")
+    if any(not spec.version for spec in requirement.specifier):
+        raise InvalidPackageError(f"package {entry!r} has an operator without a version; use {ACCEPTED}")
     return requirement
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sluice.config import embedded_state, flag, fraction, names, positive
+from sluice.config import bounded, embedded_state, flag, fraction, names, text
 from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog
 from sluice.units import parse_size
@@ -55,13 +55,14 @@ class RemoteSettings:
         check_classes(classes, catalog)
         return cls(
             home=home,
-            remote_secret=table.get("remote_secret") or None,
+            remote_secret=text(table, "remote_secret"),
             remote_memory=parse_size(table.get("remote_memory", defaults.remote_memory), "setting remote_memory"),
             remote_classes=classes,
             remote_growth_threshold=fraction(table, "remote_growth_threshold", defaults.remote_growth_threshold),
-            remote_growth_factor=positive(table, "remote_growth_factor", defaults.remote_growth_factor, float),
+            remote_growth_factor=bounded(table, "remote_growth_factor", defaults.remote_growth_factor, float, 1, 100,
+                                         low_open=True),
             remote_memory_share=fraction(table, "remote_memory_share", defaults.remote_memory_share),
-            env_dir=Path(table["env_dir"]).expanduser() if table.get("env_dir") else None,
+            env_dir=Path(env_dir).expanduser() if (env_dir := text(table, "env_dir")) else None,
             env_cache_size=parse_size(table.get("env_cache_size", defaults.env_cache_size), "setting env_cache_size"),
             fresh_env_per_call=flag(table, "fresh_env_per_call"),
             stream_logs=flag(table, "stream_logs"),
