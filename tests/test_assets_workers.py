@@ -50,7 +50,7 @@ def test_small_ladder_routes_up_and_escalates_a_memory_kill(redis_server: Embedd
 
 
 def test_large_values_spill_to_the_shared_path(redis_server: EmbeddedRedis, tmp_path: Path) -> None:
-    store = RedisStore(redis_server.client(), tmp_path, inline_limit=1024)
+    store = RedisStore(redis_server.client(), tmp_path, "a secret", inline_limit=1024)
     store.put("run1", "small", [1, 2])
     store.put("run1", "large", b"x" * 10_000)
     assert store.get("run1", "small") == [1, 2] and store.get("run1", "large") == b"x" * 10_000
@@ -67,3 +67,42 @@ def test_a_step_defined_in_main_is_refused_before_anything_runs(redis_server: Em
     repo = sl.CodeRepository([sl.Asset()(orphan)])
     with pytest.raises(sl.DefinitionError, match="defined in __main__"):
         repo.materialize(executor=sl.Executor.kubernetes())
+
+
+class _Plant:
+    """A pickle that, when loaded, creates the file named ``marker``: stands in for any code."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (self.marker, "w"))
+
+
+def test_a_planted_pickle_is_never_unpickled_on_a_worker(redis_server: EmbeddedRedis, workers: Workers,
+                                                         tmp_path: Path) -> None:
+    """A JSON run_step message whose input points at a key holding an unsigned pickle fails with
+    InvalidRequestError and never runs the pickle; a correctly signed one fails the same way on a
+    worker without the secret, which unpickles nothing from Redis."""
+    import cloudpickle
+
+    from sluice import App, keys
+    from sluice.assets.step_task import RUN_STEP_TASK
+    from sluice.errors import InvalidRequestError
+    from sluice.signing import sign
+
+    workers.start("tests.apps.basic", "cpu", "signed-assets", *FAST)
+    workers.start("tests.apps.basic", "highmem", "no-secret-assets", *FAST,
+                  env={"SLUICE_REMOTE_SECRET": "", "SLUICE_HOME": str(tmp_path / "elsewhere")})
+    client, app = redis_server.client(), App.default()
+    secret = app.settings.signing_secret()
+    ref = reference_assets.report.ref
+    planted = {"unsigned": (cloudpickle.dumps(_Plant(str(tmp_path / "unsigned-ran"))), "cpu"),
+               "signed": (sign(secret, cloudpickle.dumps(_Plant(str(tmp_path / "signed-ran")))), "highmem")}
+    for name, (blob, queue) in planted.items():
+        client.set(keys.asset_value("evil", name), blob)
+        result = app.send_task(RUN_STEP_TASK, args=[ref, "evil", {"orders": ["evil", name]}, str(tmp_path)],
+                               queue=queue)
+        with pytest.raises(InvalidRequestError, match="nothing was unpickled|no signing secret"):
+            result.get(timeout=60)
+    assert not (tmp_path / "unsigned-ran").exists() and not (tmp_path / "signed-ran").exists()

@@ -23,8 +23,6 @@ from celery.utils.nodenames import worker_direct
 import sluice
 from sluice import App, Settings, headers
 from sluice.client.remote.packages import environment_key
-from sluice.client.remote.settings import remote_settings
-from sluice.client.remote.signing import seal
 from sluice.errors import (
     ConfigurationError,
     InvalidRequestError,
@@ -33,6 +31,7 @@ from sluice.errors import (
     RemoteError,
     SerializationError,
 )
+from sluice.signing import seal
 from sluice.workers.remote.call_task import REMOTE_TASK
 from tests.conftest import ROOT, Workers, wait_for
 from tests.wheels import build_wheel
@@ -259,7 +258,7 @@ def test_a_call_waiting_in_a_dead_workers_own_queue_goes_home(remote_workers: Wo
     ghost.wait(10)
     wait_for(lambda: not remote_workers.client.exists("sluice:worker:ghost@test"), 30, "ghost's heartbeat to expire")
     fields = _fields(pickle.dumps((abs, (-5,), {})))
-    message = seal(remote_settings(App.default()).signing_secret(), fields)
+    message = seal(App.default().settings.signing_secret(), fields)
     result = App.default().send_task(REMOTE_TASK, args=[message], queue=worker_direct("ghost@test"),
                                      headers={headers.COMPUTE: {"memory": 2 << 30}, headers.STICKY: "cpu"})
     reply = result.get(timeout=CALL_TIMEOUT)
@@ -339,7 +338,7 @@ def _fields(payload: bytes, **changes: Any) -> dict[str, Any]:
 
 
 def test_tampered_or_unsigned_payloads_are_refused_without_unpickling(remote_workers: Workers, tmp_path: Path) -> None:
-    secret = remote_settings(App.default()).signing_secret()
+    secret = App.default().settings.signing_secret()
     honest = pickle.dumps((print, (LeavesATrace(tmp_path / "honest"),), {}))
     evil = pickle.dumps((print, (LeavesATrace(tmp_path / "evil"),), {}))
     signed = seal(secret, _fields(honest))
@@ -356,7 +355,7 @@ def test_tampered_or_unsigned_payloads_are_refused_without_unpickling(remote_wor
 
 
 def test_python_version_mismatch_is_a_clear_error(remote_workers: Workers, tmp_path: Path) -> None:
-    secret = remote_settings(App.default()).signing_secret()
+    secret = App.default().settings.signing_secret()
     message = seal(secret, _fields(pickle.dumps((print, (LeavesATrace(tmp_path / "trace"),), {})), python="3.99"))
     ours = f"{sys.version_info.major}.{sys.version_info.minor}"
     with pytest.raises(InvalidRequestError, match=f"client runs Python 3.99 and this worker runs Python {ours}"):
@@ -366,7 +365,7 @@ def test_python_version_mismatch_is_a_clear_error(remote_workers: Workers, tmp_p
 
 def test_queues_not_configured_for_remote_calls_refuse_them(remote_workers: Workers, tmp_path: Path) -> None:
     remote_workers.start("tests.apps.remote_app", "reports", "rreports", plain_celery=True)  # a non-class queue
-    secret = remote_settings(App.default()).signing_secret()
+    secret = App.default().settings.signing_secret()
     message = seal(secret, _fields(pickle.dumps((print, (LeavesATrace(tmp_path / "trace"),), {}))))
     with pytest.raises(InvalidRequestError, match=r"on queue 'reports': it does not take remote calls"):
         _send_raw(message, queue="reports").get(timeout=CALL_TIMEOUT)

@@ -25,13 +25,13 @@ from sluice.client.remote.packages import (
 )
 from sluice.client.remote.serialization import dumps, import_hints, pack_call
 from sluice.client.remote.settings import RemoteSettings
-from sluice.client.remote.signing import decode, encode, seal, unseal
 from sluice.errors import (
     ConfigurationError,
     InvalidPackageError,
     InvalidRequestError,
     SerializationError,
 )
+from sluice.signing import decode, encode, seal, unseal
 from sluice.workers.remote.package_envs import READY, EnvironmentCache
 
 Gi, Mi = 1 << 30, 1 << 20

@@ -98,7 +98,7 @@ SETTINGS = [k for k in SETTING_KEYS + RemoteSettings.KEYS if k != "classes"]
 
 
 @pytest.mark.parametrize("key", SETTINGS)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=ANY)
 def test_every_setting_from_env_or_file_accepts_or_raises_a_sluice_error(key: str, value: Any,
                                                                          tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ Precedence, highest first:
 
 Resource classes from every layer are merged by name onto the default ladder (see
 :meth:`sluice.queues.Catalog.merged`). A capability's settings are its own :class:`Section`,
-read from the same layers and flat keys (``remote_secret``, ``SLUICE_REMOTE_SECRET``), and
+read from the same layers and flat keys (``remote_memory``, ``SLUICE_REMOTE_MEMORY``), and
 validated when the settings are loaded.
 """
 
@@ -34,7 +34,7 @@ from sluice.units import real_number
 log = logging.getLogger("sluice.config")
 
 SETTING_KEYS = ("broker_url", "result_backend", "default_cpu", "default_memory", "visibility_timeout",
-                "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes")
+                "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes", "remote_secret")
 
 #: Longer than any task should run: a task still running on a live worker must never be redelivered.
 DEFAULT_VISIBILITY_TIMEOUT = 6 * 3600
@@ -72,6 +72,10 @@ class Settings:
     orphan_grace: float = 60.0
     home: Path = field(default_factory=lambda: Path.home() / ".sluice")
     catalog: Catalog = field(default_factory=lambda: Catalog.merged({}))
+    #: The secret shared by clients and workers that signs every pickle sent through Redis
+    #: (remote calls and replies, asset values; HMAC-SHA256). Without it nothing is unpickled.
+    #: The name is historical: remote calls were the first pickles to be signed.
+    remote_secret: str | None = None
     #: Each capability's section, by its class (see :meth:`section`).
     sections: Mapping[type, Any] = field(default_factory=dict)
 
@@ -108,6 +112,10 @@ class Settings:
         built = {section: section.from_table(merged, core.home, core.catalog) for section in sections}
         return replace(core, sections=built)
 
+    def signing_secret(self) -> str | None:
+        """The signing secret: configured, or the one of a ``sluice up`` running here."""
+        return self.remote_secret or str((embedded_state(self.home) or {}).get("remote_secret") or "") or None
+
     def section(self, kind: type[S]) -> S:
         """A capability's settings section; one its capability did not load is an error."""
         try:
@@ -138,6 +146,7 @@ class Settings:
                                     *BOUNDS["reaper_interval"]),
             orphan_grace=bounded(table, "orphan_grace", defaults.orphan_grace, float, *BOUNDS["orphan_grace"]),
             home=Path(text(table, "home") or defaults.home).expanduser(),
+            remote_secret=text(table, "remote_secret"),
             catalog=Catalog.merged(classes),
         )
 

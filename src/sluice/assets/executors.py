@@ -136,7 +136,7 @@ class KubernetesExecutor(Executor):
         self.defaults = Compute(cpu=worker_cpu, memory=worker_memory)
         self.app = app or App.default()
         self.store_path = Path(store_path) if store_path else self.app.settings.home / "assets"
-        self.store = RedisStore(self.app.redis, self.store_path)
+        self.store = RedisStore(self.app.redis, self.store_path, self.app.settings.signing_secret())
         self.concurrency = concurrency
         self.timeout = timeout
 

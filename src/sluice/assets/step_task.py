@@ -31,7 +31,7 @@ def run_step(task: Any, ref: str, run_id: str, inputs: dict[str, list[str]], sto
     step = load_step(ref)
     request = task.request
     attempt = Attempt.of(task, request, request.delivery_info)
-    store = RedisStore(task.app.redis, Path(store_path))
+    store = RedisStore(task.app.redis, Path(store_path), task.app.settings.signing_secret())
     values = {param: store.get(run, asset) for param, (run, asset) in inputs.items()}
     for asset, value in _call(step, run_id, values, attempt.number, attempt.compute).items():
         store.put(run_id, asset, value)

@@ -3,7 +3,8 @@
 On workers (``Executor.kubernetes``) values must reach a step on another machine, so they go
 through Redis, and values larger than ``inline_limit`` bytes go to a file under ``path`` (a
 volume or mount every worker shares) with only a pointer in Redis. Values are pickled with
-cloudpickle: the store is inside the trust boundary of the Redis that holds it, like results.
+cloudpickle and signed with the shared secret (:mod:`sluice.signing`): whoever can write to
+Redis or the shared path but lacks the secret cannot make a worker unpickle anything.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import redis
 
 from sluice import keys
 from sluice.errors import ValueMissing
+from sluice.signing import sign, verify
 
 #: Values kept in Redis for a week: long enough to re-materialize a failed part of a run.
 VALUE_TTL = 7 * 24 * 3600
@@ -45,13 +47,14 @@ class MemoryStore:
 class RedisStore:
     """Small values inline in Redis, large ones in files under a shared path."""
 
-    def __init__(self, client: redis.Redis, path: Path, inline_limit: int = 1 << 20) -> None:
+    def __init__(self, client: redis.Redis, path: Path, secret: str | None, inline_limit: int = 1 << 20) -> None:
         self.client = client
         self.path = Path(path)
+        self.secret = secret
         self.inline_limit = inline_limit
 
     def put(self, run_id: str, asset: str, value: Any) -> None:
-        data = cloudpickle.dumps(value)
+        data = sign(self.secret, cloudpickle.dumps(value))
         if len(data) > self.inline_limit:
             target = self.path / run_id / f"{asset}.pickle"
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -67,4 +70,4 @@ class RedisStore:
             raise ValueMissing(f"no stored value for asset {asset!r} of run {run_id} (expired, or never materialized)")
         if data.startswith(_POINTER):
             data = Path(data[len(_POINTER):].decode()).read_bytes()
-        return cloudpickle.loads(data)
+        return cloudpickle.loads(verify(self.secret, data, f"the value of asset {asset!r} of run {run_id}"))

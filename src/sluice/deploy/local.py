@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.client.remote.settings import RemoteSettings
 from sluice.config import Settings, embedded_state_path
 from sluice.deploy.embedded import EmbeddedRedis, free_port
 from sluice.queues.catalog import ResourceClass
@@ -61,7 +60,7 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.flower_port}" if self.flower else None
 
     def __post_init__(self) -> None:
-        self.remote_secret = self.remote_secret or self.settings.section(RemoteSettings).remote_secret or secrets.token_hex(32)
+        self.remote_secret = self.remote_secret or self.settings.remote_secret or secrets.token_hex(32)
 
     def env(self) -> dict[str, str]:
         """The environment that points a process at this cluster (and lets it sign remote calls)."""

@@ -2,7 +2,7 @@
 
 Everything that can be checked on the client is checked when the function is decorated (the
 package list, the sizes) or before anything is sent (that the call pickles); the call then
-travels as a signed JSON message (see :mod:`sluice.client.remote.signing`) routed by its memory and
+travels as a signed JSON message (see :mod:`sluice.signing`) routed by its memory and
 gpu to the smallest class that takes remote calls.
 """
 
@@ -32,10 +32,10 @@ from sluice.client.remote.serialization import (
     python_version,
 )
 from sluice.client.remote.settings import remote_settings
-from sluice.client.remote.signing import decode, encode, seal, unseal
 from sluice.compute import Compute
 from sluice.errors import CallTimeout, ConfigurationError, RemoteError
 from sluice.headers import Headers
+from sluice.signing import decode, encode, seal, unseal
 from sluice.units import format_size, parse_size
 from sluice.workers.remote.call_task import REMOTE_TASK
 
@@ -117,7 +117,7 @@ class RemoteFunction(Generic[P, R]):
         app = self.app or App.default()
         target = choose_target(app, start, self.budget.gpu, self.budget.gpu_memory,
                                environment_key(self.packages) if self.packages else None, self.name)
-        message = seal(remote_settings(app).signing_secret(), fields)
+        message = seal(app.settings.signing_secret(), fields)
         slot = Compute.of(memory_bytes=target.resource_class.slot.memory_bytes, gpu=target.resource_class.slot.gpu)
         # to a worker's own queue: if that worker dies first, the reaper moves the call home
         home = target.resource_class.name if target.worker is not None else None
@@ -188,7 +188,7 @@ class RemoteCall(Generic[R]):
         self._streamed += len(lines)
 
     def _open(self, reply: Any) -> R:
-        fields = unseal(remote_settings(self.app).signing_secret(), reply, f"the reply to {self.name}")
+        fields = unseal(self.app.settings.signing_secret(), reply, f"the reply to {self.name}")
         self.output, self.limits = list(fields["output"]), list(fields["limits"])
         self.attempt, self.worker = int(fields["attempt"]), fields.get("worker")
         return open_reply(loads(decode(fields["payload"])), self.worker, self.source)

@@ -30,8 +30,8 @@ from sluice.client.remote.function import (
 from sluice.client.remote.packages import normalize_packages
 from sluice.client.remote.serialization import loads, pack_call
 from sluice.client.remote.settings import remote_settings
-from sluice.client.remote.signing import decode, encode, seal, unseal
 from sluice.errors import ConfigurationError, MemoryKilled, SandboxCrashed, TaskFailed
+from sluice.signing import decode, encode, seal, unseal
 from sluice.workers.remote.call_task import SESSION_TASK
 
 #: Seconds a session outlives its client's last sign of life.
@@ -72,7 +72,7 @@ class Session:
                                          f"with (packages={list(self.packages)}); list them in sluice.session(packages=)")
             function = function.function
         number = next(self._numbers)
-        message = seal(remote_settings(self.app).signing_secret(), {"n": number, "payload": encode(pack_call(function, args, kwargs))})
+        message = seal(self.app.settings.signing_secret(), {"n": number, "payload": encode(pack_call(function, args, kwargs))})
         self.app.redis.rpush(keys.session(self.id, "calls"), json.dumps(message))
         reply = self._reply(number)
         self.output, self.limits = list(reply["output"]), list(reply["limits"])
@@ -81,7 +81,7 @@ class Session:
         return open_reply(loads(decode(reply["payload"])), reply.get("worker"), source_file(function))
 
     def _reply(self, number: int) -> dict[str, Any]:
-        secret = remote_settings(self.app).signing_secret()
+        secret = self.app.settings.signing_secret()
         while True:
             item = self.app.redis.blpop([keys.session(self.id, "replies")], timeout=0.5)
             if item is not None:
@@ -96,7 +96,7 @@ class Session:
     def close(self) -> None:
         self._stop.set()
         client = self.app.redis
-        client.rpush(keys.session(self.id, "calls"), json.dumps(seal(remote_settings(self.app).signing_secret(), {"close": True})))
+        client.rpush(keys.session(self.id, "calls"), json.dumps(seal(self.app.settings.signing_secret(), {"close": True})))
         client.delete(keys.session(self.id, "lease"))
         try:
             self.handle.result.get(timeout=10)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sluice.config import bounded, embedded_state, flag, fraction, names, text
+from sluice.config import bounded, flag, fraction, names, text
 from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog
 from sluice.units import parse_size
@@ -23,12 +23,10 @@ class RemoteSettings:
     """Everything configurable about remote calls."""
 
     KEYS: ClassVar[tuple[str, ...]] = (
-        "remote_secret", "remote_memory", "remote_classes", "remote_growth_threshold", "remote_growth_factor",
+        "remote_memory", "remote_classes", "remote_growth_threshold", "remote_growth_factor",
         "remote_memory_share", "env_dir", "env_cache_size", "fresh_env_per_call", "stream_logs")
 
     home: Path
-    #: Shared secret that signs remote-call payloads (HMAC-SHA256); no secret, no remote calls.
-    remote_secret: str | None = None
     #: A remote function's starting memory when it names none.
     remote_memory: int = 1 << 30
     #: Classes whose workers run remote calls; None means every class.
@@ -55,7 +53,6 @@ class RemoteSettings:
         check_classes(classes, catalog)
         return cls(
             home=home,
-            remote_secret=text(table, "remote_secret"),
             remote_memory=parse_size(table.get("remote_memory", defaults.remote_memory), "setting remote_memory"),
             remote_classes=classes,
             remote_growth_threshold=fraction(table, "remote_growth_threshold", defaults.remote_growth_threshold),
@@ -72,10 +69,6 @@ class RemoteSettings:
     def envs_path(self) -> Path:
         """Where a worker keeps package environments."""
         return self.env_dir or self.home / "envs"
-
-    def signing_secret(self) -> str | None:
-        """The remote-call secret: configured, or the one of a ``sluice up`` running here."""
-        return self.remote_secret or str((embedded_state(self.home) or {}).get("remote_secret") or "") or None
 
 
 def check_classes(classes: tuple[str, ...] | None, catalog: Catalog) -> None:

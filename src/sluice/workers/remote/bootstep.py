@@ -29,7 +29,7 @@ class RemoteWorkerStep(bootsteps.Step):
         core: SluiceWorkerStep = worker.sluice
         settings = remote_settings(worker.app)
         self.settings = settings
-        self.takes_calls = bool(settings.signing_secret()) and any(
+        self.takes_calls = bool(worker.app.settings.signing_secret()) and any(
             rc.name in remote_catalog(worker.app) for rc in core.classes)
         self.envs = EnvironmentCache(settings.envs_path, settings.env_cache_size)
         self.gpu_memory = gpu_memory() if any(rc.is_gpu for rc in core.classes) else None

@@ -24,10 +24,10 @@ from sluice.client.remote.packages import normalize_packages, plan_install
 from sluice.client.remote.routing import accepts_remote, remote_class
 from sluice.client.remote.serialization import python_version
 from sluice.client.remote.settings import RemoteSettings, remote_settings
-from sluice.client.remote.signing import decode, encode, seal, unseal
 from sluice.compute import Compute
 from sluice.errors import InvalidRequestError, MemoryExhausted, SandboxDied
 from sluice.headers import Headers
+from sluice.signing import decode, encode, seal, unseal
 from sluice.tasks.escalation import Attempt
 from sluice.units import format_size
 from sluice.workers.gpu import gpu_memory
@@ -66,7 +66,7 @@ class CallOutput:
 
 def check_call(app: Any, request: Any, call: object) -> dict[str, Any]:
     """The call's fields once its signature, Python version, queue and GPU memory are acceptable."""
-    fields = unseal(remote_settings(app).signing_secret(), call)
+    fields = unseal(app.settings.signing_secret(), call)
     if fields.get("python") != python_version():
         raise InvalidRequestError(
             f"refusing remote call {fields.get('function')}: the client runs Python {fields.get('python')} and this "
@@ -143,7 +143,7 @@ def run_remote(task: Any, call: dict[str, Any]) -> dict[str, Any]:
                     reply = box.call(decode(fields["payload"]))
                 if not settings.fresh_env_per_call:
                     warm_spare(env)
-                return seal(settings.signing_secret(), {
+                return seal(app.settings.signing_secret(), {
                     "payload": encode(reply), "output": output.lines, "limits": box.limits,
                     "attempt": attempt, "worker": request.hostname})
             except SandboxDied as died:
@@ -165,7 +165,7 @@ def run_session(task: Any, call: dict[str, Any]) -> dict[str, Any]:
     client closes it or its lease expires. A sandbox that dies ends the session (never retried)."""
     app, request, settings = task.app, task.request, remote_settings(task.app)
     fields = check_call(app, request, call)
-    secret, session = settings.signing_secret(), str(fields["session"])
+    secret, session = app.settings.signing_secret(), str(fields["session"])
     calls, replies, lease = (keys.session(session, part) for part in ("calls", "replies", "lease"))
     output = CallOutput(app.redis, keys.remote_output(request.id), False)
     served = 0
