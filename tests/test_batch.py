@@ -103,7 +103,14 @@ def test_a_worker_that_keeps_failing_is_quarantined(tmp_path: Path) -> None:
     ids = [r["id"] for r in ready + failed]
     assert sorted(ids) == sorted(f"t-{i}" for i in range(80))               # every id exactly once
     assert all(r["worker"].startswith("w0.") for r in ready) and len(ready) > len(failed)
-    assert failed and all(r["status"] == "failed" for r in failed)
+    # their chunks died with their worker process, retries spent: lost to infrastructure, which
+    # resume runs again (a business failure is "failed" and is skipped)
+    assert failed and all(r["status"] == "lost" and r["chunk"] for r in failed)
+    resumed = compute(str(ROOT / "tests" / "tasks" / "where.py"), "-w", "1", "--sink", str(sink), "--resume",
+                      "--", "--n", "80", home=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr                          # the lost items ran again
+    assert sorted(r["id"] for r in lines(sink / "ready.ndjson")) == sorted(f"t-{i}" for i in range(80))
+    assert lines(sink / "failures.ndjson") == []                            # and no stale record is left
 
 
 def test_failures_duplicates_and_missing_ids(tmp_path: Path) -> None:
@@ -124,6 +131,24 @@ def test_failures_duplicates_and_missing_ids(tmp_path: Path) -> None:
     ran = sorted(line for f in marks.iterdir() for line in f.read_text().split() if line.startswith("item-"))
     assert ran == [f"item-{i}" for i in (10, 20, 30, 40)]             # only the failures ran again
     assert "1 ok, 4 failed" in rerun.stderr                          # (and the id-less item: a new UUID each plan)
+    failures = lines(sink / "failures.ndjson")                        # compacted: the latest record per id
+    assert sorted(f["id"] for f in failures) == [f"item-{i}" for i in (10, 20, 30, 40)]
+
+
+def test_sys_exit_and_nan_fail_their_item_alone_named(tmp_path: Path) -> None:
+    """sys.exit(3) in execute() (a BaseException) fails that item only, naming it, and a NaN in a
+    result fails that item naming the field; every other item of the same chunk succeeds."""
+    sink = tmp_path / "run"
+    result = compute(str(COUNTING), "-w", "1", "--sink", str(sink), "--", "--n", "30", "--exit-on", "7",
+                     "--nan-on", "12", home=tmp_path)
+    assert result.returncode == 1, result.stderr
+    failures = {f["id"]: f for f in lines(sink / "failures.ndjson")}
+    assert sorted(failures) == ["item-12", "item-7"]
+    assert failures["item-7"]["error"] == "SystemExit" and "item 'item-7'" in failures["item-7"]["message"]
+    assert failures["item-12"]["error"] == "ValueError"
+    assert "result['stats']['loss'][1] is nan" in failures["item-12"]["message"]
+    assert len(lines(sink / "ready.ndjson")) == 29            # 30 + the id-less one, less the two
+    assert all(f["status"] == "failed" for f in failures.values())
 
 
 def test_torn_trailing_line_is_repaired(tmp_path: Path) -> None:
@@ -163,6 +188,9 @@ def test_ctrl_c_records_cancelled_and_resume_runs_them(tmp_path: Path) -> None:
     resumed = compute(*args[:5], "--resume", "--", "--n", "40", home=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert len({r["id"] for r in lines(sink / "ready.ndjson")}) == 41 == len(lines(sink / "ready.ndjson"))
+    # every cancelled named id has succeeded since, so none is left; the id-less item gets a new
+    # UUID from each plan(), so its old cancelled record names an id no plan yields any more
+    assert [f["id"] for f in lines(sink / "failures.ndjson") if f["id"].startswith("item-")] == []
 
 
 def test_kill_workers_ten_times_every_id_exactly_once(tmp_path: Path) -> None:

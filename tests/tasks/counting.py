@@ -4,10 +4,13 @@
 --sleep S         each execute() sleeps S seconds
 --fail-every K    ids whose number is a multiple of K raise ValueError (a business failure)
 --dup-every K     plan() yields every K-th item twice
+--exit-on I       item I calls sys.exit(3) (a BaseException, not an Exception)
+--nan-on I        item I returns a NaN deep in its result
 """
 
 import argparse
 import os
+import sys
 import time
 
 
@@ -18,6 +21,8 @@ def _args():
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--fail-every", type=int, default=0)
     p.add_argument("--dup-every", type=int, default=0)
+    p.add_argument("--exit-on", type=int, default=None)
+    p.add_argument("--nan-on", type=int, default=None)
     return p.parse_args()
 
 
@@ -39,6 +44,10 @@ def execute(item):
         time.sleep(args.sleep)
     if args.fail_every and item["i"] > 0 and item["i"] % args.fail_every == 0:
         raise ValueError(f"item {item['i']} is not welcome")
+    if item["i"] == args.exit_on:
+        sys.exit(3)
+    if item["i"] == args.nan_on:
+        return {"stats": {"loss": [1.0, float("nan")]}}
     return {"square": item["i"] ** 2}
 
 

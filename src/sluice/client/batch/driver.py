@@ -30,6 +30,7 @@ from sluice.client.batch.quarantine import Quarantine
 from sluice.client.batch.records import (
     CANCELLED,
     FAILED,
+    LOST,
     Failure,
     Ready,
     Record,
@@ -209,7 +210,7 @@ class Driver:
         self.sink.write(records)
         failures = [r for r in records if isinstance(r, Failure)]
         self.progress.ok += len(records) - len(failures)
-        self.progress.failed += sum(1 for r in failures if r.status == FAILED)
+        self.progress.failed += sum(1 for r in failures if r.status in (FAILED, LOST))
         self.progress.cancelled += sum(1 for r in failures if r.status == CANCELLED)
         self.progress.in_flight = len(self.waiting)
 

@@ -9,10 +9,16 @@ resume can read a million ids by slicing them out of lines instead of parsing th
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-FAILED, CANCELLED = "failed", "cancelled"
+#: How an item that has no result ended: execute() failed (resume skips it); the run was
+#: interrupted (resume runs it again); its chunk was lost for good to infrastructure, a worker
+#: or a driver that died (resume runs it again: it is not the item's fault).
+FAILED, CANCELLED, LOST = "failed", "cancelled", "lost"
+#: The statuses resume runs again.
+RERUN = (CANCELLED, LOST)
 #: Every encoded record starts with this (the id follows, as a JSON string).
 ID_PREFIX = json.dumps({"id": ""})[:-2]
 
@@ -34,7 +40,7 @@ class Failure:
     """An item that failed (``execute()`` raised, or its chunk failed for good) or was cancelled."""
 
     id: str
-    status: str            #: FAILED or CANCELLED
+    status: str            #: FAILED, CANCELLED or LOST
     error: str             #: the exception's type name ("Cancelled" for a cancelled item)
     message: str
     traceback: str = ""
@@ -44,7 +50,8 @@ class Failure:
 
     @classmethod
     def of_chunk(cls, item_id: str, exc: BaseException | None, chunk: str) -> Failure:
-        return cls(item_id, FAILED, type(exc).__name__, str(exc), chunk=chunk)
+        """The item's whole chunk failed for good (its worker died, retries spent): LOST."""
+        return cls(item_id, LOST, type(exc).__name__, str(exc), chunk=chunk)
 
     @classmethod
     def cancelled(cls, item_id: str) -> Failure:
@@ -56,11 +63,28 @@ Record = Ready | Failure
 
 def encode(record: Record) -> str:
     """One JSON line (no newline), ``id`` first; a failure's unset ``attempts``/``chunk`` are left
-    out. A result JSON cannot hold raises TypeError (the item then fails); a failure never does."""
+    out. A result JSON cannot hold (an object, a NaN or an infinity) raises TypeError or a
+    ValueError naming the field (the item then fails); a failure never does."""
     if isinstance(record, Ready):
-        return json.dumps(asdict(record))
+        try:
+            return json.dumps(asdict(record), allow_nan=False)
+        except ValueError:
+            raise ValueError(f"{_non_finite(record.result, 'result')}: JSON has no NaN or infinity; "
+                             "return None or a string instead") from None
     data = {k: v for k, v in asdict(record).items() if v is not None or k not in ("attempts", "chunk")}
     return json.dumps(data, default=str)
+
+
+def _non_finite(value: Any, path: str) -> str:
+    """Where in ``value`` the first NaN or infinity is, e.g. ``result["loss"] is nan``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{path} is {value!r}"
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, child in children:
+        found = _non_finite(child, f"{path}[{key!r}]")
+        if found:
+            return found
+    return ""
 
 
 def decode(line: bytes | str) -> Record:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from sluice._kombu import RedisLayout
-from sluice.client.batch.records import FAILED, Failure, decode
+from sluice.client.batch.records import FAILED, RERUN, Failure, decode
 
 if TYPE_CHECKING:
     from sluice.client.batch.driver import Driver
@@ -29,8 +29,8 @@ def resume(driver: Driver, done: set[str]) -> None:
     lines, rerun = [], []
     for raw_id, raw in client.hscan_iter(results, count=5000):
         item_id = raw_id.decode()
-        if driver.settings.rerun_failed and _failed(raw):
-            rerun.append(item_id)            # --rerun-failed: forget the failure, dispatch it again
+        if _runs_again(raw, driver.settings.rerun_failed):
+            rerun.append(item_id)            # lost (or failed, with --rerun-failed): forget it, dispatch it again
         elif item_id not in done:
             lines.append(raw)
             done.add(item_id)
@@ -45,9 +45,11 @@ def resume(driver: Driver, done: set[str]) -> None:
     driver.waiting |= driver.inherited
 
 
-def _failed(raw: bytes) -> bool:
+def _runs_again(raw: bytes, rerun_failed: bool) -> bool:
+    if b'"status"' not in raw:  # no status key anywhere: a success (any key order), nothing to decide
+        return False
     record = decode(raw)
-    return isinstance(record, Failure) and record.status == FAILED
+    return isinstance(record, Failure) and (record.status in RERUN or rerun_failed and record.status == FAILED)
 
 
 class LostChunks:

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from sluice.client.batch.records import FAILED, ID_PREFIX, Ready, Record, decode, encode
+from sluice.client.batch.records import (
+    FAILED,
+    ID_PREFIX,
+    Failure,
+    Ready,
+    Record,
+    decode,
+    encode,
+)
 
 READY, FAILURES, CHECKPOINT = "ready.ndjson", "failures.ndjson", "checkpoint.json"
 
@@ -58,7 +66,7 @@ def _blocks(path: Path) -> Iterable[bytes]:
             yield rest
 
 
-def _ids(path: Path, status: str | None = None) -> Iterable[str]:
+def _ids(path: Path) -> Iterable[str]:
     """Ids recorded in an ndjson file. Every line starts with ``ID_PREFIX`` (records.encode puts
     the id first), so the id is sliced out of each line without parsing it; an id holding an
     escape (or a block with a line that does not start that way) is parsed."""
@@ -68,16 +76,27 @@ def _ids(path: Path, status: str | None = None) -> Iterable[str]:
     for block in _blocks(path):
         text = block.decode("utf-8")
         lines = text.splitlines()
-        if status is None and text.count("\n" + ID_PREFIX) + text.startswith(ID_PREFIX) == len(lines):
+        if text.count("\n" + ID_PREFIX) + text.startswith(ID_PREFIX) == len(lines):
             ids = [line[start:line.find('"', start)] for line in lines]
             if "\\" in text:  # only then can an id hold an escape
                 ids = [decode(line).id if "\\" in item else item for line, item in zip(lines, ids)]
             yield from ids
             continue
-        for line in lines:
+        yield from (decode(line).id for line in lines)
+
+
+def _latest_failures(path: Path) -> dict[str, tuple[str, str]]:
+    """Per id, its latest failure record in ``path``: id -> (status, line), oldest first."""
+    latest: dict[str, tuple[str, str]] = {}
+    if not path.exists():
+        return latest
+    for block in _blocks(path):
+        for line in block.decode("utf-8").splitlines():
             record = decode(line)
-            if status is None or getattr(record, "status", None) == status:
-                yield record.id
+            assert isinstance(record, Failure), f"{path} holds a success record: {line[:200]}"
+            latest.pop(record.id, None)
+            latest[record.id] = (record.status, line)
+    return latest
 
 
 @dataclass
@@ -97,10 +116,11 @@ class Sink:
         return self
 
     def done_ids(self, rerun_failed: bool = False) -> set[str]:
-        """Ids resume skips: every success, and failures unless re-running them (cancelled ids run again)."""
+        """Ids resume skips: every success, and ids whose latest record is a failure unless
+        re-running them (cancelled and lost ids run again)."""
         done = set(_ids(self.directory / READY))
         if not rerun_failed:
-            done.update(_ids(self.directory / FAILURES, status=FAILED))
+            done.update(i for i, (status, _) in _latest_failures(self.directory / FAILURES).items() if status == FAILED)
         return done
 
     def write(self, records: Iterable[Record]) -> None:
@@ -120,8 +140,31 @@ class Sink:
         os.replace(tmp, target)
 
     def close(self) -> None:
+        """Flush and sync both files, then compact failures.ndjson (see :meth:`compact_failures`)."""
         for handle in (self._ready, self._failures):
             if handle is not None:
                 handle.flush()
                 os.fsync(handle.fileno())
                 handle.close()
+        self._ready = self._failures = None
+        self.compact_failures()
+
+    def compact_failures(self) -> int:
+        """Make failures.ndjson tell the truth now: per id only its latest record, and no id that
+        has since succeeded (a resume ran it again). Replaced atomically; returns the lines dropped."""
+        path = self.directory / FAILURES
+        if not path.exists() or path.stat().st_size == 0:
+            return 0
+        latest = _latest_failures(path)
+        succeeded = set(_ids(self.directory / READY))
+        kept = [line for item_id, (_, line) in latest.items() if item_id not in succeeded]
+        total = sum(block.count(b"\n") for block in _blocks(path))
+        if len(kept) == total:
+            return 0
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write("".join(line + "\n" for line in kept))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        return total - len(kept)

@@ -38,8 +38,11 @@ def _record(task_file: TaskFile, item: dict[str, Any], worker: str, attempt: int
     try:
         result = task_file.execute(item)
         return item["id"], encode(Ready(item["id"], result, worker, attempt, started, round(time.time() - started, 6)))
-    except Exception as exc:  # a business failure (or a result JSON cannot hold): recorded, never retried
-        return item["id"], encode(Failure(item["id"], FAILED, type(exc).__name__, str(exc), traceback.format_exc(),
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - sys.exit() or a result JSON cannot hold fails this item alone
+        message = str(exc) if isinstance(exc, Exception) else f"execute() raised {exc!r} for item {item['id']!r}"
+        return item["id"], encode(Failure(item["id"], FAILED, type(exc).__name__, message, traceback.format_exc(),
                                           worker, attempt))
 
 
