@@ -235,6 +235,37 @@ def test_kill_the_driver_then_resume_executes_nothing_twice(tmp_path: Path) -> N
     assert len(named) == len(set(named)) == 400 and len(ids) == len(set(ids))
 
 
+def test_chunks_lost_while_no_driver_ran_are_sent_again_on_resume(tmp_path: Path) -> None:
+    """A driver is killed with chunks in flight, and then those messages are lost (deleted from
+    the run's queue and from kombu's unacknowledged hash, as a worker killed between taking a
+    message and recording it loses it): resume notices that no message of the run exists and
+    sends the awaited ids again, so the run finishes with every id exactly once."""
+    import hashlib
+
+    from sluice._kombu import RedisLayout
+    from sluice.client.batch.cli import private_queue
+    from sluice.deploy.embedded import EmbeddedRedis
+
+    sink = tmp_path / "run"
+    args = [str(COUNTING), "-w", "1", "--sink", str(sink), "--", "--n", "300", "--sleep", "0.02"]
+    driver = subprocess.Popen([sys.executable, "-m", "sluice", "compute", *args], cwd=ROOT, env=_env(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: len(lines(sink / "ready.ndjson")) >= 20, 60, "some results")
+    driver.kill()
+    driver.wait(30)
+    run_id = hashlib.sha1(str(sink.resolve()).encode()).hexdigest()[:16]
+    with EmbeddedRedis(tmp_path / "compute-redis") as server:
+        client, layout = server.client(), RedisLayout()
+        queue = private_queue(run_id)
+        lost = len(layout.waiting(client, queue)) + layout.drop_held(client, queue)
+        client.delete(*layout.queue_lists(queue))
+    assert lost, "the killed driver should have left chunks in flight"
+    resumed = compute(*args[:5], "--resume", "--", *args[6:], home=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    named = [r["id"] for r in lines(sink / "ready.ndjson") if r["id"].startswith("item-")]
+    assert sorted(named) == sorted(f"item-{i}" for i in range(300))   # every id, exactly once
+
+
 def _cache_ids(home: Path, sink: Path) -> list[bytes]:
     """Ids in the run's result cache right now (read from the embedded Redis's AOF by starting it)."""
     import hashlib

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -11,9 +12,10 @@ import pytest
 import redis
 
 import sluice
+from sluice._kombu import RedisLayout
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import MemoryExhausted, RetriesExhausted
-from tests.conftest import Workers
+from tests.conftest import Workers, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -115,3 +117,20 @@ def test_eager_mode_warns_once_and_runs(ladder: tuple[ModuleType, Workers], capl
     assert first.state == "FAILURE"  # no envelope in-process: the Transient is not retried
     warnings = [r.message for r in caplog.records if "runs in-process" in r.message]
     assert len(warnings) == 1 and "memory=150Mi" in warnings[0]
+
+
+def test_a_copy_of_a_finished_task_is_not_run_again(ladder: tuple[ModuleType, Workers],
+                                                    redis_server: EmbeddedRedis) -> None:
+    """A second message under the id of a task that already succeeded (a redelivery, or a
+    producer publishing twice) is acknowledged without running the body: the stored result
+    stands, the body ran once."""
+    app, _ = ladder
+    client = redis_server.client()
+    first = app.long_step.delay(0.1)
+    assert first.get(timeout=60)["attempt"] == 1
+    again = app.long_step.apply_async((0.1,), task_id=first.id)
+    queue = app.app.route(app.long_step.name).name
+    wait_for(lambda: not client.llen(queue) and not RedisLayout().held(client), 30, "the copy to be taken and acked")
+    time.sleep(0.5)
+    assert client.get(f"test:completed:{first.id}") == b"1"       # the body ran once
+    assert again.get(timeout=10)["attempt"] == 1                   # the first attempt's result stands

@@ -1,7 +1,9 @@
 """The whole worker dies mid-task (SIGKILL of its process group, as an OOMKilled pod dies):
 the held message is recovered from the dead worker within seconds (heartbeat + ledger, not the
-6-hour visibility timeout), the lost attempt is counted and escalated, and nothing is lost or
-run twice to completion."""
+6-hour visibility timeout), the lost attempt is counted and escalated, and a task killed
+mid-body (before it could finish) ends with its body completed exactly once. A kill between a
+finished body and its stored result (the remaining at-least-once window, see the README) is not
+exercised here."""
 
 from __future__ import annotations
 

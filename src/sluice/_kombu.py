@@ -10,6 +10,7 @@ keys come from the result backend itself. Lua scripts live beside this package a
 
 from __future__ import annotations
 
+import base64
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -72,10 +73,13 @@ class RedisLayout:
             pipe.llen(name)
         return sum(pipe.execute())
 
+    def waiting(self, client: redis.Redis, queue: str) -> list[dict[str, Any]]:
+        """Every message waiting in a queue (every priority list of it)."""
+        return [json.loads(raw) for name in self.queue_lists(queue) for raw in client.lrange(name, 0, -1)]
+
     def waiting_task_ids(self, client: redis.Redis, queue: str) -> set[str | None]:
-        """The task ids of every message waiting in a queue (every priority list of it)."""
-        return {(json.loads(raw).get("headers") or {}).get("id")
-                for name in self.queue_lists(queue) for raw in client.lrange(name, 0, -1)}
+        """The task ids of every message waiting in a queue."""
+        return {(message.get("headers") or {}).get("id") for message in self.waiting(client, queue)}
 
     def held(self, client: redis.Redis) -> list[Held]:
         """Every message delivered to a worker and not acknowledged yet."""
@@ -107,6 +111,18 @@ class RedisLayout:
         """The queues bound to an exchange (for Celery's direct exchange: every worker's own queue)."""
         members = client.smembers(self._key(Channel.keyprefix_queue % exchange))
         return [member.decode().rsplit(self.sep, 1)[-1] for member in members]
+
+
+def task_args(message: dict[str, Any]) -> list[Any] | None:
+    """The positional arguments of a Celery (protocol 2) task message; None if it is not one."""
+    try:
+        body = message["body"]
+        if (message.get("properties") or {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        payload = json.loads(body)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return payload[0] if isinstance(payload, list) and payload and isinstance(payload[0], list) else None
 
 
 def restore(app: Any, tag: str) -> None:

@@ -61,15 +61,21 @@ class ComputeTask(Task):
         number = attempt_of(request)
         ttl = self.app.settings.visibility_timeout + 3600
         previous = ledger.claim(self.app.redis, request.id, number, request.hostname or "?", instance, ttl)
-        if previous is None or previous.attempt != number or previous.instance == instance:
+        if previous is None:
+            return
+        # A message for a task that already ended (a redelivery, or a copy published twice under
+        # one id) is not run again: its stored outcome stands, and the caller's .get() returns it.
+        # One GET, only when the task was claimed before (retries and redeliveries).
+        if self.backend.get_state(request.id) in states.READY_STATES:
+            log.warning("task %s[%s] was delivered again after it finished; not running it again",
+                        self.name, request.id)
+            raise Ignore()
+        if previous.attempt != number or previous.instance == instance:
             return
         if ledger.holder_running(self.app.redis, request.id, previous):
             ledger.put_back(self.app.redis, request.id, previous, ttl)
             log.warning("task %s[%s] delivered again while %s still runs it; dropping the duplicate",
                         self.name, request.id, previous.worker)
-            raise Ignore()
-        if self.backend.get_state(request.id) in states.READY_STATES:
-            log.warning("task %s[%s] was redelivered after it finished; not running it again", self.name, request.id)
             raise Ignore()
         detail = f"worker {previous.worker} died while running attempt {number}"
         self._end_attempt(request, Reason.WORKER_LOST, detail, WorkerLost(f"task {self.name}[{request.id}]: {detail}"))

@@ -59,6 +59,8 @@ class Driver:
         self.progress = Progress()
         self.quarantine = Quarantine(app, settings.queue, settings.quarantine_after, self.progress)
         self.lost_chunks = recovery.LostChunks(self.client, self.layout, settings.queue)
+        self.lost_inherited = recovery.LostInherited(self.client, self.layout, settings.queue, settings.run_id)
+        self._inherited_items: dict[str, dict[str, Any]] = {}  # inherited ids' items, as plan() yielded them
         self.chunks: dict[str, list[str]] = {}           # chunk task id -> item ids without a record yet
         self.waiting: set[str] = set()                   # ids in flight (this driver's or an earlier one's)
         self.inherited: set[str] = set()                 # ids an earlier driver of this run dispatched
@@ -95,7 +97,9 @@ class Driver:
         items = self._fresh(self.task_file.plan(), done)
         batch: list[dict[str, Any]] = []
         while not self.stopping:
-            while not self.progress.plan_done and len(self.waiting) < self._window():
+            # ids an earlier driver dispatched that plan() has not yielded yet do not fill the window:
+            # reading plan() is how they are matched to their items (and resent if their chunk is lost)
+            while not self.progress.plan_done and len(self.waiting) - len(self.inherited) < self._window():
                 item = next(items, None)
                 if item is None:
                     self.progress.plan_done = True
@@ -139,6 +143,7 @@ class Driver:
                     yield item
                 elif item_id in self.inherited:
                     self.inherited.discard(item_id)      # dispatched by an earlier driver: await it
+                    self._inherited_items[item_id] = item
                 elif item_id not in seen_twice:
                     seen_twice.add(item_id)
                     self.progress.duplicates += 1
@@ -217,9 +222,12 @@ class Driver:
     def _poll_chunks(self) -> None:
         """Twice a second: forget finished chunks, count retried ones' failures (quarantine) and
         resend lost ones. A chunk that fails for good has its items' records written by workers."""
-        if time.monotonic() - self._last_poll < 0.5 or not self.chunks:
+        if time.monotonic() - self._last_poll < 0.5:
             return
         self._last_poll = time.monotonic()
+        self._resend_lost_inherited()
+        if not self.chunks:
+            return
         ids = list(self.chunks)
         chunk_states = _kombu.task_states(self.client, self.app, ids)
         for chunk_id, state in zip(ids, chunk_states):
@@ -235,6 +243,20 @@ class Driver:
             items = [item for item in self._items.pop(chunk_id, []) if item["id"] in ids_left]
             if items:
                 self._dispatch(items)
+
+    def _resend_lost_inherited(self) -> None:
+        """Ids an earlier driver dispatched, still awaited once no message of the run exists: send
+        the ones plan() yielded again (the result cache keeps anything computed from running
+        twice) and stop awaiting the ones it no longer yields."""
+        if not self.waiting - set().union(*self.chunks.values()) or not self.progress.plan_done:
+            return
+        if not self.lost_inherited.gone():
+            return
+        orphans = self.waiting - set().union(*self.chunks.values())
+        items = [self._inherited_items.pop(i) for i in sorted(orphans) if i in self._inherited_items]
+        self.waiting -= orphans - {item["id"] for item in items}
+        if items:
+            self._dispatch(items)
 
     def checkpoint(self, force: bool = False) -> None:
         """Replace checkpoint.json (at most once a second unless ``force``) and report progress."""

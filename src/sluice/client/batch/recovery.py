@@ -5,7 +5,9 @@
   earlier driver and are awaited, not dispatched again. ``--rerun-failed`` forgets failures.
 * **Lost chunks.** A message can vanish between a queue and a worker's hold (the worker was
   killed after taking it, before kombu recorded it as unacknowledged). A chunk that has not
-  started and is in no queue and no hold on two checks 10 s apart is sent again.
+  started and is in no queue and no hold on two checks 10 s apart is sent again. Ids an earlier
+  driver dispatched have no chunk id here: when no message of the run is queued, held or
+  waiting in a worker's own queue on two checks 10 s apart, those still awaited are sent again.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import time
 from typing import TYPE_CHECKING
 
 import redis
+from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE
 
-from sluice._kombu import RedisLayout
+from sluice._kombu import RedisLayout, task_args
 from sluice.client.batch.records import FAILED, RERUN, Failure, decode
 
 if TYPE_CHECKING:
@@ -71,3 +74,24 @@ class LostChunks:
         missing = unstarted - held - queued
         lost, self._suspects = missing & self._suspects, missing
         return lost
+
+
+class LostInherited:
+    """Tells when the chunks an earlier driver dispatched are gone (see the module docstring)."""
+
+    def __init__(self, client: redis.Redis, layout: RedisLayout, queue: str, run_id: str, every: float = 10.0) -> None:
+        self.client, self.layout, self.queue, self.run_id, self.every = client, layout, queue, run_id, every
+        self._suspect = False
+        self._last = time.monotonic()
+
+    def gone(self) -> bool:
+        """True when no message of this run existed on this check and the previous one."""
+        if time.monotonic() - self._last < self.every:
+            return False
+        self._last = time.monotonic()
+        queues = [self.queue, *self.layout.bound_queues(self.client, WORKER_DIRECT_EXCHANGE.name)]
+        messages = [m for q in queues for m in self.layout.waiting(self.client, q)]
+        messages += [item.message for item in self.layout.held(self.client)]
+        present = any((task_args(m) or [None])[0] == self.run_id for m in messages)
+        gone, self._suspect = self._suspect and not present, not present
+        return gone
