@@ -44,7 +44,7 @@ class Headers:
         """From message headers or a ``request_dict`` (a mapping), or from a request (attributes)."""
         fields = source if isinstance(source, Mapping) else vars(source)
         compute, policy, start = fields.get(COMPUTE), fields.get(POLICY), fields.get(REMOTE_START)
-        return cls(attempt=int(fields.get(ATTEMPT) or 1),
+        return cls(attempt=attempt_of(fields),
                    compute=Compute.from_dict(compute) if compute else None,
                    policy=RetryPolicy.from_dict(policy) if policy else None,
                    sticky=fields.get(STICKY) or None,
@@ -60,6 +60,8 @@ class Headers:
         return {name: value for name, value in values.items() if value is not None}
 
 
-def attempt_of(request: Any) -> int:
-    """The attempt number of the message a request (or ``request_dict``) runs."""
-    return Headers.read(request).attempt
+def attempt_of(source: Mapping[str, Any] | Any) -> int:
+    """The attempt number of a message (headers, a ``request_dict`` or a request), without
+    parsing its other headers: it is read for every task the worker runs."""
+    fields = source if isinstance(source, Mapping) else vars(source)
+    return int(fields.get(ATTEMPT) or 1)

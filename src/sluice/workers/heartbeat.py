@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import redis
@@ -50,9 +50,6 @@ class WorkerBeat:
             core[listed] = tuple(core.get(listed) or ())
         return cls(**core, extra={k: v for k, v in data.items() if k not in names})
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 class Heartbeat(Periodic):
     """Writes ``payload()`` to the worker's heartbeat key every ``interval`` seconds.
@@ -71,8 +68,7 @@ class Heartbeat(Periodic):
         self.payload = payload
 
     def tick(self) -> None:
-        beat = self.payload()
-        body = WorkerBeat(**{**vars(beat), "ts": time.time()}).encode()
+        body = replace(self.payload(), ts=time.time()).encode()
         self.client.set(self.key, body, px=int(self.interval * self.TTL_BEATS * 1000))
 
     def stop(self) -> None:

@@ -29,7 +29,7 @@ from celery import Celery
 from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE, WORKER_DIRECT_QUEUE_FORMAT
 
 from sluice import _kombu, keys
-from sluice.headers import Headers
+from sluice.headers import Headers, attempt_of
 from sluice.workers import ledger
 from sluice.workers.periodic import Periodic
 
@@ -94,7 +94,7 @@ class OrphanReaper(Periodic):
         headers = held.message.get("headers") or {}
         task_id = held.task_id
         claim = ledger.current(self.client, task_id) if task_id else None
-        if claim is not None and claim.attempt == Headers.read(headers).attempt:
+        if claim is not None and claim.attempt == attempt_of(headers):
             return not ledger.holder_running(self.client, task_id, claim)
         since = self.layout.held_since(self.client, held.tag) or now
         eta = headers.get("eta")

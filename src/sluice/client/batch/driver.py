@@ -248,11 +248,11 @@ class Driver:
         """Ids an earlier driver dispatched, still awaited once no message of the run exists: send
         the ones plan() yielded again (the result cache keeps anything computed from running
         twice) and stop awaiting the ones it no longer yields."""
-        if not self.waiting - set().union(*self.chunks.values()) or not self.progress.plan_done:
-            return
-        if not self.lost_inherited.gone():
+        if not self._inherited_items or not self.progress.plan_done:
             return
         orphans = self.waiting - set().union(*self.chunks.values())
+        if not orphans or not self.lost_inherited.gone():
+            return
         items = [self._inherited_items.pop(i) for i in sorted(orphans) if i in self._inherited_items]
         self.waiting -= orphans - {item["id"] for item in items}
         if items:
