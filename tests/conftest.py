@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,12 +24,43 @@ ROOT = Path(__file__).resolve().parent.parent
 _REAL_SERVER_FIXTURES = {"redis_server"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: Scenarios started at collection time, by test node id (see ``starts_early``).
+_EARLY = pytest.StashKey[dict[str, subprocess.Popen[bytes]]]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that needs the real redis-server as integration (the fixture closure
-    includes redis_client, workers and basic_app), so ``-m "not integration"`` is the fast loop."""
+    includes redis_client, workers and basic_app), so ``-m "not integration"`` is the fast loop.
+
+    A test marked ``starts_early(start)`` checks a scenario too long to wait for in line: once
+    the selection is final (``-m``/``-k`` applied), ``start(directory)`` launches it in the
+    background, and the test moves to the end of the run, where its ``early`` fixture hands it
+    the scenario's process to wait for."""
     for item in items:
         if _REAL_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    early = [item for item in items if item.get_closest_marker("starts_early")]
+    items[:] = [item for item in items if item not in early] + early
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    started = session.config.stash.setdefault(_EARLY, {})
+    for item in session.items:
+        marker = item.get_closest_marker("starts_early")
+        if marker is not None and not session.config.option.collectonly:
+            started[item.nodeid] = marker.args[0](Path(tempfile.mkdtemp(prefix="sluice-early-")))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for process in config.stash.get(_EARLY, {}).values():
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def early(request: pytest.FixtureRequest) -> subprocess.Popen[bytes]:
+    """The background scenario of a ``starts_early`` test, started when the suite was collected."""
+    return request.config.stash[_EARLY][request.node.nodeid]
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,9 @@ routing key]) with its delivery time in the ``unacked_index`` sorted set, and th
 an exchange in a set ``_kombu.binding.<exchange>`` (members exchange-key + sep + queue). Names
 and separator follow the broker's transport options, defaulting to kombu's own. Celery's result
 keys come from the result backend itself. Lua scripts live beside this package as ``*.lua``.
+
+sluice's own transport (``sluice.transport``) is built on this layout, and adds two key kinds
+to it: a bell per queue and a dead-letter list per queue.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Any
 
 import redis
 from kombu.transport.redis import PRIORITY_STEPS, Channel
+
+from sluice import keys
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,20 @@ class RedisLayout:
 
     def _key(self, name: str) -> str:
         return self.global_keyprefix + name
+
+    def bell(self, queue: str) -> str:
+        return self._key(keys.bell(queue))
+
+    def dead_letters(self, queue: str) -> str:
+        return self._key(keys.dead_letters(queue))
+
+    def dead_letter_count(self, queue: str) -> str:
+        return self._key(keys.stat("dead_letters", queue))
+
+    def dead_letter_queues(self, client: redis.Redis) -> list[str]:
+        """The queues that have dead letters now."""
+        prefix = self.dead_letters("")
+        return sorted(key.decode()[len(prefix):] for key in client.scan_iter(match=prefix + "*", count=1000))
 
     def queue_lists(self, queue: str) -> list[str]:
         """The Redis lists holding a queue's waiting messages, one per priority step."""
@@ -143,6 +162,59 @@ def task_states(client: redis.Redis, app: Any, task_ids: list[str]) -> list[str 
     return [None if raw is None else app.backend.decode(raw)["status"] for raw in metas]
 
 
+def lua_source(name: str) -> str:
+    """The text of the Lua script shipped as ``sluice/lua/<name>.lua``."""
+    return resources.files("sluice").joinpath("lua", f"{name}.lua").read_text()
+
+
 def script(client: redis.Redis, name: str) -> Any:
     """A Lua script shipped as ``sluice/lua/<name>.lua``, registered on ``client``."""
-    return client.register_script(resources.files("sluice").joinpath("lua", f"{name}.lua").read_text())
+    return client.register_script(lua_source(name))
+
+
+# --- dead letters ------------------------------------------------------------------------------
+
+#: The most dead letters kept per queue (the oldest are dropped; the counter keeps the total).
+DEAD_LETTER_CAP = 10_000
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message that could not be run: why, the queue it came from, when, and its raw bytes.
+
+    Stored as ``<JSON header>\\n<raw message>`` (``fetch.lua`` writes the same format), so a body
+    that is not even text survives intact."""
+
+    reason: str
+    queue: str
+    at: float
+    raw: bytes
+
+    def encode(self) -> bytes:
+        header = json.dumps({"reason": self.reason, "queue": self.queue, "at": self.at})
+        return header.encode() + b"\n" + self.raw
+
+    @classmethod
+    def decode(cls, entry: bytes) -> DeadLetter:
+        header, _, raw = entry.partition(b"\n")
+        fields = json.loads(header)
+        return cls(str(fields["reason"]), str(fields["queue"]), float(fields["at"]), raw)
+
+    @property
+    def task_id(self) -> str | None:
+        try:
+            return str(json.loads(self.raw)["headers"]["id"])
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+def dead_letter(client: redis.Redis, layout: RedisLayout, letter: DeadLetter, held_tag: str | None = None) -> None:
+    """Add a dead letter to its queue's list (and forget the held message it was, atomically)."""
+    pipe = client.pipeline()
+    pipe.lpush(layout.dead_letters(letter.queue), letter.encode())
+    pipe.ltrim(layout.dead_letters(letter.queue), 0, DEAD_LETTER_CAP - 1)
+    pipe.incr(layout.dead_letter_count(letter.queue))
+    if held_tag is not None:
+        pipe.hdel(layout._key(layout.unacked_key), held_tag)
+        pipe.zrem(layout._key(layout.unacked_index_key), held_tag)
+    pipe.execute()

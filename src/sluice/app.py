@@ -13,6 +13,7 @@ import redis
 from celery import Celery, Task
 
 import sluice
+from sluice import transport
 from sluice.compute import Compute
 from sluice.config import Settings, embedded_broker_url
 from sluice.errors import ConfigurationError
@@ -41,15 +42,21 @@ def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
     * sent events: Flower sees each attempt's queue (an escalated retry is a new publish).
     * worker_direct: every worker also consumes its own queue, so a retry can go back to the
       same worker and a remote call to the worker that holds its package environment.
+    * the ``sluice`` transport (``sluice.transport``): reliable fetch, dead letters, leases;
+      and a consumer that keeps every message Celery cannot run as a dead letter.
     """
     return {
+        "broker_transport": transport.ALIAS,
+        "worker_consumer": "sluice.workers.consumer:SluiceConsumer",
         "task_acks_late": True,
         "worker_prefetch_multiplier": 1,
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
         "result_accept_content": ["json"],
-        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout},
+        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout,
+                                     transport.LEASE_OPTION: transport.lease_interval(
+                                         settings.visibility_timeout, settings.orphan_grace)},
         "result_extended": True,
         "task_track_started": True,
         "task_send_sent_event": True,

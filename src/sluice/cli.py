@@ -20,6 +20,7 @@ from sluice.config import Settings, embedded_broker_url
 from sluice.deploy.commands import autoscale, deploy, metrics
 from sluice.errors import BrokerUnavailable, SluiceError
 from sluice.queues.catalog import Catalog
+from sluice.queues.commands import dead_letters_group
 from sluice.units import format_cpu, format_memory
 from sluice.workers.gpu import gpu_count
 
@@ -49,6 +50,7 @@ def main() -> None:
       sluice worker -A APP -q C   run a worker for one resource class
       sluice status               queue depth, workers and running tasks per class
       sluice explain -A APP       where each task of an app is routed, and why
+      sluice dead-letters list    messages workers could not run, kept with the reason
       sluice compute task.py -w 4 run plan()/execute() over workers with a durable sink
       sluice deploy render        Kubernetes manifests for the catalog
     """
@@ -236,6 +238,7 @@ main.add_command(compute)
 main.add_command(deploy)
 main.add_command(autoscale)
 main.add_command(metrics)
+main.add_command(dead_letters_group)
 
 
 def run() -> None:

@@ -24,6 +24,20 @@ def delivery(task_id: str) -> str:
     return f"{PREFIX}delivery:{task_id}"
 
 
+def bell(queue: str) -> str:
+    """List of tokens, one per message published to ``queue`` (capped): idle workers block on it
+    and then take the message itself atomically (see ``sluice/lua/fetch.lua``)."""
+    return f"{PREFIX}bell:{queue}"
+
+
+def dead_letters(queue: str) -> str:
+    """List (newest first, capped) of messages from ``queue`` that could not be run, each
+    ``<JSON header: reason, list, at>\n<the raw message>``."""
+    return f"{PREFIX}dead:{queue}"
+
+
+DEAD_LETTERS_PATTERN = f"{PREFIX}dead:*"
+
 #: String: held (SET NX EX) by the one worker sweeping for orphaned messages right now.
 REAPER_LOCK = f"{PREFIX}reaper:lock"
 
@@ -39,7 +53,7 @@ def asset_value(run_id: str, asset: str) -> str:
 
 
 def stat(name: str, resource_class: str) -> str:
-    """Integer counter for metrics: ``escalations`` or ``memory_kills`` of one class."""
+    """Integer counter for metrics: ``escalations``, ``memory_kills`` or ``dead_letters`` of one class."""
     return f"{PREFIX}stats:{name}:{resource_class}"
 
 

@@ -24,7 +24,8 @@ from sluice.queues.status import class_status
 
 class ClassMetrics(Collector):
     """``sluice_queued``, ``sluice_reserved``, ``sluice_running``, ``sluice_workers_online``,
-    ``sluice_slots``, ``sluice_escalations_total`` and ``sluice_memory_kills_total``, by class."""
+    ``sluice_slots``, ``sluice_escalations_total``, ``sluice_memory_kills_total`` and
+    ``sluice_dead_letters_total``, by class."""
 
     def __init__(self, client: redis.Redis, catalog: Catalog) -> None:
         self.client = client
@@ -39,7 +40,8 @@ class ClassMetrics(Collector):
             ("slots", "Task slots of the class's online workers"))}
         counters = {name: CounterMetricFamily(f"sluice_{name}", help_text, labels=["resource_class"]) for name, help_text in (
             ("escalations", "Attempts re-published at a bigger size after dying on this class"),
-            ("memory_kills", "Tasks the watchdog killed for memory on this class"))}
+            ("memory_kills", "Tasks the watchdog killed for memory on this class"),
+            ("dead_letters", "Messages from the class's queue kept as dead letters instead of run"))}
         rows = class_status(self.client, self.catalog)
         totals = self.client.mget([keys.stat(n, r.resource_class.name) for r in rows for n in counters])
         for index, row in enumerate(rows):

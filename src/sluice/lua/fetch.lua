@@ -1,0 +1,61 @@
+-- Reliable fetch: take the next message off a worker's queue lists and record it as held, in one
+-- atomic step, so a message is always in Redis: in a queue, in kombu's unacked hash, or in a
+-- dead-letter list. (kombu's BRPOP removes it first and records it from Python afterwards.)
+--
+-- KEYS[1] kombu's unacked hash, KEYS[2] its unacked index (sorted set by delivery time), then
+-- four keys per queue list, in the order to try them: the list, its queue's bell, its queue's
+-- dead-letter list, its queue's dead-letter counter.
+-- ARGV[1] now (seconds), ARGV[2] "1" when a bell ring woke this fetch (its token is spent),
+-- ARGV[3] the dead-letter list cap, then two per list: "1" for a no-ack consumer (the message
+-- is only popped, as kombu does for no_ack) or "0", and the list's queue name.
+--
+-- A message whose envelope is not kombu's (not JSON, not an object, no delivery tag) is moved
+-- to its queue's dead-letter list as "<json header>\n<raw message>" (the format of
+-- sluice._kombu.DeadLetter) and the search goes on.
+-- Returns {dead} when nothing could be taken, else {dead, list number (1-based), raw, tag}.
+
+local function envelope(raw)
+  local ok, message = pcall(cjson.decode, raw)
+  if not ok then return nil, 'not JSON' end
+  if type(message) ~= 'table' or #message > 0 then return nil, 'not a JSON object' end  -- cjson: arrays are tables
+  local properties = message['properties']
+  if type(properties) ~= 'table' then return nil, 'no "properties" object' end
+  local tag = properties['delivery_tag']
+  if type(tag) ~= 'string' or tag == '' then return nil, 'no "properties.delivery_tag" string' end
+  local info = properties['delivery_info']
+  if type(info) ~= 'table' then return nil, 'no "properties.delivery_info" object' end
+  local exchange, routing_key = info['exchange'], info['routing_key']
+  if type(exchange) ~= 'string' or type(routing_key) ~= 'string' then
+    return nil, 'no "delivery_info.exchange" and "routing_key" strings'
+  end
+  return tag, exchange, routing_key
+end
+
+local now, woken, cap = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3])
+local lists = (#KEYS - 2) / 4
+local dead = 0
+for i = 1, lists do
+  local list, bell, dead_list, dead_count = KEYS[4 * i - 1], KEYS[4 * i], KEYS[4 * i + 1], KEYS[4 * i + 2]
+  while true do
+    local raw = redis.call('RPOP', list)
+    if not raw then break end
+    local tag, exchange, routing_key = envelope(raw)  -- or nil and the reason
+    if tag then
+      if not woken then redis.call('RPOP', bell) end
+      if ARGV[2 + 2 * i] ~= '1' then
+        redis.call('ZADD', KEYS[2], now, tag)
+        redis.call('HSET', KEYS[1], tag,
+          '[' .. raw .. ',' .. cjson.encode(exchange) .. ',' .. cjson.encode(routing_key) .. ']')
+      end
+      return {dead, i, raw, tag}
+    end
+    local reason = exchange
+    local header = cjson.encode({reason = reason, queue = ARGV[3 + 2 * i], at = tonumber(now)})
+    redis.call('LPUSH', dead_list, header .. '\n' .. raw)
+    redis.call('LTRIM', dead_list, 0, cap - 1)
+    redis.call('INCR', dead_count)
+    dead = dead + 1
+    if dead >= 100 then return {dead} end
+  end
+end
+return {dead}

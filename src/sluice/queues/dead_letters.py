@@ -1,0 +1,82 @@
+"""Reading and acting on dead letters: messages a worker could not run, kept per queue.
+
+The transport and the worker's consumer put them there (see ``sluice.transport`` and
+``sluice.workers.consumer``); ``sluice dead-letters`` is this module on a command line.
+Entries are numbered from 0, newest first, as ``LRANGE`` reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from sluice import _kombu
+from sluice.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class QueueDeadLetters:
+    """One queue's dead letters: how many are kept now, and how many there ever were."""
+
+    queue: str
+    kept: int
+    total: int
+
+
+def summary(client: redis.Redis, layout: _kombu.RedisLayout) -> list[QueueDeadLetters]:
+    """Every queue with dead letters now, or whose counter says it had some."""
+    queues = sorted(set(layout.dead_letter_queues(client)) | set(_counted_queues(client, layout)))
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.llen(layout.dead_letters(queue))
+        pipe.get(layout.dead_letter_count(queue))
+    replies = pipe.execute()
+    return [QueueDeadLetters(q, int(kept), int(total or 0)) for q, kept, total in zip(queues, replies[::2], replies[1::2])]
+
+
+def _counted_queues(client: redis.Redis, layout: _kombu.RedisLayout) -> list[str]:
+    prefix = layout.dead_letter_count("")
+    return [key.decode()[len(prefix):] for key in client.scan_iter(match=prefix + "*", count=1000)]
+
+
+def read(client: redis.Redis, layout: _kombu.RedisLayout, queue: str, start: int = 0,
+         count: int = 20) -> list[_kombu.DeadLetter]:
+    """Up to ``count`` dead letters of ``queue`` from number ``start`` on, newest first."""
+    entries = client.lrange(layout.dead_letters(queue), start, start + count - 1)
+    return [_kombu.DeadLetter.decode(entry) for entry in entries]
+
+
+def requeue(client: redis.Redis, layout: _kombu.RedisLayout, queue: str, number: int | None = None) -> int:
+    """Put dead letters back on their queue, to be taken next: one (``number``) or all of them.
+    Returns how many went back (an entry another ``requeue`` or ``purge`` took meanwhile is skipped)."""
+    move = _kombu.script(client, "move_message")
+    dead = layout.dead_letters(queue)
+    entries = _entries(client, dead, queue, number)
+    moved = 0
+    for entry in entries:
+        letter = _kombu.DeadLetter.decode(entry)
+        moved += move(keys=[dead, layout.queue_lists(letter.queue)[0]], args=[entry, letter.raw])
+    if moved:
+        client.lpush(layout.bell(queue), *([1] * moved))
+    return moved
+
+
+def purge(client: redis.Redis, layout: _kombu.RedisLayout, queue: str, number: int | None = None) -> int:
+    """Delete dead letters of ``queue`` for good: one (``number``) or all. Returns how many."""
+    dead = layout.dead_letters(queue)
+    if number is None:
+        count, _ = client.pipeline().llen(dead).delete(dead).execute()
+        return int(count)
+    entry = _entries(client, dead, queue, number)[0]
+    return int(client.lrem(dead, 1, entry))
+
+
+def _entries(client: redis.Redis, dead: str, queue: str, number: int | None) -> list[bytes]:
+    if number is None:
+        return list(reversed(client.lrange(dead, 0, -1)))  # oldest first: they go back in order
+    entry = client.lindex(dead, number)
+    if entry is None:
+        raise ConfigurationError(f"queue {queue!r} has no dead letter number {number} "
+                                 f"(it has {client.llen(dead)}, numbered from 0)")
+    return [entry]

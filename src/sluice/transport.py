@@ -1,0 +1,230 @@
+"""sluice's kombu transport: kombu's Redis transport with reliable fetch, dead letters and leases.
+
+Every :class:`sluice.App` uses it (``broker_transport = "sluice"``), so a plain
+``celery -A app worker`` gets it too; a URL can name it as ``sluice+redis://host:6379/0``.
+What it changes, and why (the key layout is in ``sluice._kombu``):
+
+* **Reliable fetch.** kombu's BRPOP removes a message from Redis before the worker records it as
+  unacknowledged, so a worker killed in between loses it for good. Here a worker takes a message
+  with ``fetch.lua``, which moves it into kombu's unacked hash in the same atomic step; from
+  then on the orphan reaper and kombu's own restore can always give it back.
+* **Bells.** A Lua script cannot block, so an idle worker blocks on its queues' *bells* (a token
+  pushed with every publish) and then fetches. A message from a producer that does not ring
+  (a plain Celery client) is found by the next fetch, at most ``brpop_timeout`` (1 s) later.
+* **Dead letters.** A message whose envelope is not kombu's is moved to its queue's dead-letter
+  list by the script; one that the worker cannot even decode or deliver is moved there from
+  Python. Neither reaches Celery's consumer, so no message can stop a worker.
+* **Leases.** A worker renews the delivery time of every message it holds (ETA tasks waiting
+  for their time included), so kombu's visibility timeout restores only messages whose holder
+  stopped renewing: an ETA or a task longer than the visibility timeout still runs once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from queue import Empty
+from typing import Any
+
+import redis
+from kombu.transport import TRANSPORT_ALIASES, virtual
+from kombu.transport import redis as kombu_redis
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import dumps, loads
+from redis.exceptions import NoScriptError
+
+from sluice import _kombu, keys
+
+log = logging.getLogger("sluice.transport")
+
+#: The alias every sluice App names in ``broker_transport`` (and ``sluice+redis://`` URLs).
+ALIAS = "sluice"
+FETCH = _kombu.lua_source("fetch")
+FETCH_SHA = hashlib.sha1(FETCH.encode()).hexdigest()
+#: The transport option that sets the lease renewal interval (seconds; see :func:`lease_interval`).
+LEASE_OPTION = "sluice_lease_interval"
+#: The ``delivery_info`` field naming the queue a message was fetched from (routing keys do not
+#: always name it), read where a message is kept as a dead letter.
+SOURCE_QUEUE = "sluice_queue"
+#: The most bell tokens a queue keeps: enough to wake every idle worker of a class at once.
+BELL_CAP = 1000
+
+
+def ring(pipe: Any, queue: str) -> Any:
+    """Add a bell token for ``queue`` to a pipeline of kombu's (prefixed) client; returns the pipeline."""
+    return pipe.lpush(keys.bell(queue), 1).ltrim(keys.bell(queue), 0, BELL_CAP - 1)
+
+
+class ReliableQoS(kombu_redis.QoS):
+    """kombu's ack emulation, minus the unacked write the fetch script has already made."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        if delivery_tag in self.channel.fetched:
+            self.channel.fetched.discard(delivery_tag)
+            virtual.QoS.append(self, message, delivery_tag)  # in memory only: Redis has it
+        else:
+            super().append(message, delivery_tag)
+
+    def held_tags(self) -> list[str]:
+        """The delivery tags this channel holds unacknowledged now."""
+        return [tag for tag in list(self._delivered) if tag not in self._dirty]
+
+    def forget(self, delivery_tag: str) -> None:
+        """Drop a tag from the in-memory state (its message went to the dead letters)."""
+        if delivery_tag in self._delivered:
+            virtual.QoS.ack(self, delivery_tag)
+
+
+class ReliableChannel(kombu_redis.Channel):
+    """A Redis channel that fetches with ``fetch.lua`` and waits on bells (see the module docstring)."""
+
+    QoS = ReliableQoS
+    #: The next poll command: the fetch script (False) or a wait on the bells (True).
+    _waiting = False
+    #: A bell token was taken by the wait that preceded this fetch.
+    _woken = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.fetched: set[str] = set()
+        self._no_ack: set[str] = set()
+        self._lists: list[str] = []
+        super().__init__(*args, **kwargs)
+        self.layout = _kombu.RedisLayout(self.unacked_key, self.unacked_index_key, self.sep,
+                                         tuple(self.priority_steps), self.global_keyprefix)
+
+    def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        no_ack = kwargs.get("no_ack", args[0] if args else False)
+        (self._no_ack.add if no_ack else self._no_ack.discard)(queue)
+        return super().basic_consume(queue, *args, **kwargs)
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        """kombu's publish, plus the queue's bell, in the same round trip."""
+        batch = kwargs.get("_publish_batch")
+        if batch is not None:
+            super()._put(queue, message, **kwargs)
+            batch.add("lpush", keys.bell(queue), 1)
+            batch.add("ltrim", keys.bell(queue), 0, BELL_CAP - 1)
+            return
+        if self._expires and queue in self._expires:
+            super()._put(queue, message, **kwargs)
+            with self.conn_or_acquire() as client:
+                ring(client.pipeline(transaction=False), queue).execute()
+            return
+        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+        with self.conn_or_acquire() as client:
+            ring(client.pipeline(transaction=False).lpush(key, dumps(message)), queue).execute()
+
+    def _do_restore_message(self, payload: dict[str, Any], exchange: str, routing_key: str, pipe: Any,
+                            leftmost: bool = False) -> None:
+        super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
+        for queue in self._lookup(exchange, routing_key):
+            ring(pipe, queue)
+
+    def _brpop_start(self, timeout: float | None = None) -> None:
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        if self._waiting:
+            command = ["BRPOP", *(self.layout.bell(queue) for queue in queues), timeout or self.brpop_timeout]
+        else:
+            command = self._fetch_command(queues)
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        self.client.connection.send_command(*command)
+
+    def _fetch_command(self, queues: list[str]) -> list[Any]:
+        layout = self.layout
+        lists = [(queue, self._q_for_pri(queue, pri)) for pri in self.priority_steps for queue in queues]
+        self._lists = [name for _, name in lists]
+        script_keys = [layout._key(self.unacked_key), layout._key(self.unacked_index_key)]
+        for queue, name in lists:
+            script_keys += [layout._key(name), layout.bell(queue), layout.dead_letters(queue),
+                            layout.dead_letter_count(queue)]
+        per_list = [arg for queue, _ in lists for arg in ("1" if queue in self._no_ack else "0", queue)]
+        return ["EVALSHA", FETCH_SHA, len(script_keys), *script_keys, repr(time.time()),
+                "1" if self._woken else "0", _kombu.DEAD_LETTER_CAP, *per_list]
+
+    def _brpop_read(self, **options: Any) -> bool:
+        waited, connection = self._waiting, self.client.connection
+        try:
+            try:
+                reply = self.client.parse_response(connection, "BRPOP" if waited else "EVALSHA", **options)
+            except self.connection_errors:
+                connection.disconnect()
+                raise
+            except NoScriptError:  # a new or restarted Redis: load the script, fetch again
+                self.client.script_load(FETCH)
+                raise Empty() from None
+        finally:
+            self._in_poll = None
+            self._flush_brpop_reauth()
+        if waited:  # a bell rang, or the wait timed out: fetch next either way
+            self._waiting, self._woken = False, reply is not None
+            raise Empty()
+        dead, *taken = reply
+        if dead:
+            log.warning("moved %d malformed message(s) to the dead letters (sluice dead-letters list)", dead)
+        self._woken = False
+        if not taken:
+            self._waiting = True
+            raise Empty()
+        number, raw, tag = taken
+        self._deliver_fetched(self._lists[int(number) - 1], raw, bytes_to_str(tag))
+        return True
+
+    def _deliver_fetched(self, name: str, raw: bytes, tag: str) -> None:
+        """Hand a fetched message to its consumer; one that cannot be goes to the dead letters."""
+        queue = name.rsplit(self.sep, 1)[0]
+        self._queue_cycle.rotate(queue)
+        if queue not in self._no_ack:
+            self.fetched.add(tag)
+        try:
+            message = loads(bytes_to_str(raw))
+            message["properties"]["delivery_info"][SOURCE_QUEUE] = queue
+            self.connection._deliver(message, queue)
+        except self.connection_errors:
+            raise
+        except Exception as exc:
+            self.fetched.discard(tag)
+            self.qos.forget(tag)
+            letter = _kombu.DeadLetter(f"{type(exc).__name__}: {exc}"[:500], queue, time.time(), raw)
+            # a plain client: the layout names keys in full, kombu's client would prefix them again
+            _kombu.dead_letter(redis.Redis(connection_pool=self.pool), self.layout, letter, held_tag=tag)
+            log.warning("moved message %s from %s to the dead letters: %s: %s", tag, queue, type(exc).__name__, exc)
+
+    def renew_leases(self) -> None:
+        """Move the delivery time of every message this channel holds to now (one round trip)."""
+        tags = self.qos.held_tags()
+        if tags:
+            with self.conn_or_acquire() as client:
+                client.zadd(self.unacked_index_key, dict.fromkeys(tags, time.time()), xx=True)
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport with :class:`ReliableChannel`; renews held messages' leases on a timer."""
+
+    Channel = ReliableChannel
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        super().register_with_event_loop(connection, loop)
+        options = self.client.transport_options or {}
+        interval = options.get(LEASE_OPTION) or lease_interval(
+            options.get("visibility_timeout", ReliableChannel.visibility_timeout))
+        loop.call_repeatedly(interval, self._renew_leases)
+
+    def _renew_leases(self) -> None:
+        for channel in list(self.cycle._channels):
+            try:
+                channel.renew_leases()
+            except channel.connection_errors:
+                log.debug("lease renewal: broker unreachable, will retry", exc_info=True)
+
+
+def lease_interval(visibility_timeout: float, orphan_grace: float | None = None) -> float:
+    """How often a worker renews its held messages: well inside the visibility timeout and the
+    reaper's orphan grace, which both judge a holder by how long ago it renewed."""
+    return max(0.25, min(visibility_timeout / 4, (orphan_grace or visibility_timeout) / 4, 30.0))
+
+
+TRANSPORT_ALIASES.setdefault(ALIAS, f"{__name__}:Transport")

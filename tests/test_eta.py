@@ -1,0 +1,33 @@
+"""ETA and countdown tasks run once, however long they wait against the visibility timeout.
+
+kombu's Redis transport puts back any message unacknowledged for longer than the visibility
+timeout, and a worker holds a countdown task unacknowledged until its time comes, so a
+countdown longer than the timeout used to run twice. sluice's transport renews the lease of
+every message a live worker holds. The scenario (tests/eta_scenario.py) takes over two and a
+half minutes, so it starts when the suite is collected and this test, run last, checks it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests import eta_scenario
+
+pytestmark = [pytest.mark.integration, pytest.mark.starts_early.with_args(eta_scenario.start),
+              pytest.mark.timeout(eta_scenario.COUNTDOWN + 320)]
+
+
+def test_a_150s_countdown_against_a_10s_visibility_timeout_runs_once(early: subprocess.Popen[bytes]) -> None:
+    """Four tasks with a 150 s countdown on two workers with a 10 s visibility timeout: each
+    succeeds, ran once (one run recorded, one completion), after waiting its countdown."""
+    early.wait(eta_scenario.COUNTDOWN + 300)
+    directory = early.args[-1]
+    outcome = json.loads(open(f"{directory}/outcome.json").read())
+    assert "error" not in outcome, outcome["error"] + open(f"{directory}/scenario.log").read()
+    assert outcome["visibility_timeout"] == eta_scenario.VISIBILITY_TIMEOUT
+    assert outcome["finished"] - outcome["submitted"] >= eta_scenario.COUNTDOWN
+    assert [(t["state"], t["runs"], t["completed"]) for t in outcome["tasks"]] == \
+        [("SUCCESS", ["small"], 1)] * eta_scenario.TASKS

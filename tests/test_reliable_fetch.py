@@ -1,0 +1,151 @@
+"""Reliable fetch and dead letters, against a real redis-server and real workers: a message is
+always in Redis (a queue, the unacked hash or a dead-letter list), and no input on a queue can
+stop a worker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+from celery.exceptions import NotRegistered
+from click.testing import CliRunner
+
+from sluice import _kombu
+from sluice.cli import main
+from sluice.deploy.embedded import EmbeddedRedis
+from sluice.queues import dead_letters
+from tests.conftest import Workers, wait_for
+
+pytestmark = pytest.mark.integration
+
+FAST_RECOVERY = {"SLUICE_HEARTBEAT_INTERVAL": "0.2", "SLUICE_REAPER_INTERVAL": "0.5", "SLUICE_ORPHAN_GRACE": "2"}
+ARGS = ("-c", "1", "--without-mingle", "--without-gossip")
+LAYOUT = _kombu.RedisLayout()
+
+
+def _in_redis(client: redis.Redis, queue: str) -> int:
+    """How many copies of messages Redis holds for ``queue``: waiting plus held unacknowledged."""
+    return LAYOUT.queue_depth(client, queue) + len([h for h in LAYOUT.held(client) if h.queue == queue])
+
+
+def test_a_task_sent_to_a_stopped_worker_that_is_then_killed_still_runs(redis_client: redis.Redis, workers: Workers,
+                                                                        basic_app) -> None:  # noqa: ANN001
+    """The window that lost tasks with kombu's BRPOP: the worker is SIGSTOPped while it waits
+    for work, a task is sent, the worker is SIGKILLed. The message is in Redis all along, and
+    the next worker runs it."""
+    victim = workers.start("tests.apps.basic", "cpu", "stopped", *ARGS, env=FAST_RECOVERY)
+    time.sleep(1.0)  # idle: waiting on the queue's bell
+    os.killpg(victim.pid, signal.SIGSTOP)
+    result = basic_app.default_task.delay()
+    time.sleep(1.5)
+    assert _in_redis(redis_client, "cpu") == 1
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    workers.start("tests.apps.basic", "cpu", "next", *ARGS, env=FAST_RECOVERY)
+    assert result.get(timeout=60)["worker"] == "next@test"
+
+
+def test_a_fetched_eta_task_whose_worker_is_killed_runs_once_on_the_next(redis_client: redis.Redis, workers: Workers,
+                                                                         basic_app) -> None:  # noqa: ANN001
+    """A worker takes a countdown task (it is now held, in Redis's unacked hash, not yet
+    claimed) and is SIGKILLed before its time; the next worker's reaper restores it once the
+    countdown and the orphan grace have passed, and it runs."""
+    victim = workers.start("tests.apps.basic", "cpu", "holder", *ARGS, env=FAST_RECOVERY)
+    result = basic_app.default_task.apply_async(countdown=3)
+    wait_for(lambda: LAYOUT.held(redis_client), 20, "the worker to take the countdown task")
+    assert LAYOUT.queue_depth(redis_client, "cpu") == 0
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    workers.start("tests.apps.basic", "cpu", "heir", *ARGS, env=FAST_RECOVERY)
+    assert result.get(timeout=60)["worker"] == "heir@test"
+
+
+def _envelope(body: bytes, task: str, **properties: object) -> dict[str, object]:
+    task_id = str(uuid.uuid4())
+    return {"body": base64.b64encode(body).decode(), "content-encoding": "utf-8", "content-type": "application/json",
+            "headers": {"lang": "py", "task": task, "id": task_id, "root_id": task_id, "argsrepr": "()",
+                        "kwargsrepr": "{}", "origin": "test"},
+            "properties": {"body_encoding": "base64", "delivery_mode": 2, "delivery_tag": str(uuid.uuid4()),
+                           "delivery_info": {"exchange": "", "routing_key": "cpu"}, "priority": 0, **properties}}
+
+
+MALFORMED: dict[str, bytes] = {
+    "not JSON": b"{not json",
+    "a JSON list": b"[1, 2, 3]",
+    "binary": bytes(range(256)),
+    "50 MB of garbage": b"\xde\xad" * (25 << 20),
+    "a JSON number": b"12345",
+    "no properties": json.dumps({"body": "e30=", "headers": {}}).encode(),
+    "a body that is not base64": json.dumps({**_envelope(b"[]", "tests.apps.basic.default_task"),
+                                             "body": "!!!not-base64"}).encode(),
+    "an unregistered task": json.dumps(_envelope(b"[[], {}, {}]", "no.such.task")).encode(),
+}
+
+
+def test_malformed_messages_become_dead_letters_and_the_worker_keeps_serving(
+        redis_client: redis.Redis, workers: Workers, basic_app) -> None:  # noqa: ANN001
+    """Eight kinds of bad message pushed straight onto a class queue: each is moved, with its
+    reason, to the queue's dead letters; the worker stays up and runs the next real task;
+    the unregistered task's caller gets NotRegistered; `sluice dead-letters` lists, requeues
+    and purges them."""
+    worker = workers.start("tests.apps.basic", "cpu", "sturdy", *ARGS)
+    for raw in MALFORMED.values():
+        redis_client.lpush("cpu", raw)
+    unregistered_id = json.loads(MALFORMED["an unregistered task"])["headers"]["id"]
+    wait_for(lambda: redis_client.llen(LAYOUT.dead_letters("cpu")) == len(MALFORMED), 60, "eight dead letters")
+    assert basic_app.default_task.delay().get(timeout=30)["worker"] == "sturdy@test"
+    assert worker.poll() is None
+    wait_for(lambda: LAYOUT.held(redis_client) == [], 10, "nothing left wedged as unacknowledged")
+    letters = dead_letters.read(redis_client, LAYOUT, "cpu", 0, 100)
+    assert sorted(letter.raw for letter in letters) == sorted(MALFORMED.values())  # each kept intact
+    reasons = {letter.raw: letter.reason for letter in letters}
+    assert reasons[MALFORMED["not JSON"]] == "not JSON"
+    assert reasons[MALFORMED["a JSON list"]] == "not a JSON object"
+    assert "Error" in reasons[MALFORMED["a body that is not base64"]]
+    assert reasons[MALFORMED["an unregistered task"]].startswith("unregistered task")
+    with pytest.raises(NotRegistered):
+        basic_app.app.AsyncResult(unregistered_id).get(timeout=10)
+    assert int(redis_client.get(LAYOUT.dead_letter_count("cpu"))) == len(MALFORMED)
+
+    env = {"SLUICE_BROKER_URL": os.environ["SLUICE_BROKER_URL"]}
+    listing = CliRunner().invoke(main, ["dead-letters", "list"], env=env)
+    assert listing.exit_code == 0 and "cpu" in listing.output and "8" in listing.output, listing.output
+    number = [letter.raw for letter in letters].index(MALFORMED["a JSON number"])
+    requeued = CliRunner().invoke(main, ["dead-letters", "requeue", "cpu", "-n", str(number)], env=env)
+    assert requeued.exit_code == 0 and "requeued 1" in requeued.output, requeued.output
+    wait_for(lambda: int(redis_client.get(LAYOUT.dead_letter_count("cpu"))) == len(MALFORMED) + 1, 30,
+             "the requeued garbage to come back as a dead letter")
+    purged = CliRunner().invoke(main, ["dead-letters", "purge", "cpu", "--yes"], env=env)
+    assert purged.exit_code == 0 and f"purged {len(MALFORMED)}" in purged.output, purged.output
+    assert redis_client.llen(LAYOUT.dead_letters("cpu")) == 0
+    assert worker.poll() is None
+
+
+def test_dead_letter_requeue_puts_a_fixed_message_back_to_run(redis_client: redis.Redis, workers: Workers,
+                                                              basic_app) -> None:  # noqa: ANN001
+    """A real task message kept as a dead letter (here: planted) goes back on its queue with
+    `requeue` and runs."""
+    message = _envelope(json.dumps([[], {}, {"callbacks": None, "errbacks": None, "chain": None,
+                                            "chord": None}]).encode(), "tests.apps.basic.default_task")
+    letter = _kombu.DeadLetter("planted", "cpu", time.time(), json.dumps(message).encode())
+    _kombu.dead_letter(redis_client, LAYOUT, letter)
+    assert dead_letters.requeue(redis_client, LAYOUT, "cpu") == 1
+    workers.start("tests.apps.basic", "cpu", "rerunner", *ARGS)
+    task_id = message["headers"]["id"]
+    assert basic_app.app.AsyncResult(task_id).get(timeout=30)["worker"] == "rerunner@test"
+    assert dead_letters.summary(redis_client, LAYOUT) == [dead_letters.QueueDeadLetters("cpu", 0, 1)]
+
+
+def test_purging_a_dead_letter_that_is_not_there_names_the_number(redis_server: EmbeddedRedis,
+                                                                  redis_client: redis.Redis) -> None:
+    from sluice.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="no dead letter number 3"):
+        dead_letters.purge(redis_client, LAYOUT, "cpu", 3)
