@@ -278,7 +278,9 @@ def _cache_ids(home: Path, sink: Path) -> list[bytes]:
         return server.client().hkeys(keys.run(run_id, "results"))
 
 
-def test_redis_restart_mid_run_completes_or_resumes_to_a_complete_sink(tmp_path: Path) -> None:
+def test_redis_killed_and_restarted_mid_run_the_run_completes_with_every_id_once(tmp_path: Path) -> None:
+    """kill -9 of Redis (AOF on) mid-run, restarted 2 s later on the same port: the driver and
+    its workers wait the outage out and the same run finishes, exit 0, every id once in the sink."""
     from sluice.deploy.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(tmp_path / "redis").start()
@@ -289,14 +291,11 @@ def test_redis_restart_mid_run_completes_or_resumes_to_a_complete_sink(tmp_path:
         driver = subprocess.Popen([sys.executable, "-m", "sluice", "compute", *args, *plan], cwd=ROOT,
                                   env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: len(lines(sink / "ready.ndjson")) >= 100, 60, "some results")
-        server.stop()                                   # SIGTERM: redis flushes its AOF, as a restart would
+        server.process.kill()                           # kill -9: only what the AOF fsynced survives
+        server.process.wait(10)
+        time.sleep(2)
         server.start()
         _, err = driver.communicate(timeout=180)
-        for _ in range(2):                              # the driver may have died with the connection
-            if driver.returncode == 0:
-                break
-            resumed = compute(*args, "--resume", *plan, home=tmp_path)
-            driver.returncode, err = resumed.returncode, resumed.stderr
         assert driver.returncode == 0, err[-3000:]
     finally:
         server.stop()

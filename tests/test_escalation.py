@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -12,6 +13,7 @@ import pytest
 import redis
 
 import sluice
+from sluice import keys
 from sluice._kombu import RedisLayout
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import MemoryExhausted, RetriesExhausted
@@ -134,3 +136,19 @@ def test_a_copy_of_a_finished_task_is_not_run_again(ladder: tuple[ModuleType, Wo
     time.sleep(0.5)
     assert client.get(f"test:completed:{first.id}") == b"1"       # the body ran once
     assert again.get(timeout=10)["attempt"] == 1                   # the first attempt's result stands
+
+
+def test_a_failing_retry_decision_fails_the_task_visibly_and_acknowledges_it(ladder: tuple[ModuleType, Workers],
+                                                                            redis_server: EmbeddedRedis) -> None:
+    """sluice's own hook raising in the worker (here the attempt-history key holds a string, so
+    recording the lost attempt fails with WRONGTYPE) fails the task with WorkerLost naming the
+    cause and acknowledges its message: nothing is left STARTED or held."""
+    app, _ = ladder
+    client = redis_server.client()
+    task_id = str(uuid.uuid4())
+    client.set(keys.attempts(task_id), "not a list")
+    result = app.poison_exit.apply_async(task_id=task_id)
+    with pytest.raises(sluice.WorkerLost, match="could not decide a retry"):
+        result.get(timeout=60)
+    wait_for(lambda: all(h.task_id != task_id for h in RedisLayout().held(client)), 10, "the message to be acknowledged")
+    assert len(runs(client, task_id)) == 1

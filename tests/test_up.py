@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import queue
 import signal
@@ -73,6 +74,22 @@ def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
         assert call.stdout.split() == ["49", f"cpu@{_host()}"]
         assert len(exports["SLUICE_REMOTE_SECRET"]) == 64
 
+        # A worker that dies is started again (and says so); so is Redis, and the workers reconnect.
+        heartbeat = keys.worker_heartbeat(f"cpu@{_host()}")
+        before = json.loads(client.get(heartbeat))["instance"]
+        cpu_worker = next(p for p in psutil.Process(up.pid).children() if "cpu@%h" in p.cmdline())
+        os.killpg(cpu_worker.pid, signal.SIGKILL)
+        wait_for(lambda: _drain(out, printed) and any("restarted worker-cpu" in line for line in printed), 30,
+                 "sluice up to restart the cpu worker")
+        wait_for(lambda: (beat := client.get(heartbeat)) and json.loads(beat)["instance"] != before, 60,
+                 "the new cpu worker's heartbeat")
+        server = next(p for p in psutil.Process(up.pid).children() if p.name() == "redis-server")
+        server.kill()
+        wait_for(lambda: _drain(out, printed) and any("redis exited" in line for line in printed), 30,
+                 "sluice up to restart redis")
+        wait_for(lambda: _deleted(client, heartbeat), 30, "the restarted redis to answer")
+        wait_for(lambda: client.exists(heartbeat), 60, "the cpu worker to reconnect and beat again")
+
         family = psutil.Process(up.pid).children(recursive=True)
         assert len(family) >= 4  # redis, two workers (plus their pool processes), flower
     finally:
@@ -100,6 +117,14 @@ def _drain(out: queue.Queue[str], printed: list[str]) -> bool:
     while not out.empty():
         printed.append(out.get())
     return True
+
+
+def _deleted(client: redis.Redis, key: str) -> bool:
+    try:
+        client.delete(key)
+        return True
+    except redis.ConnectionError:
+        return False
 
 
 def _host() -> str:

@@ -13,7 +13,7 @@ import redis
 from celery import Celery, Task
 
 import sluice
-from sluice import transport
+from sluice import redis_client, transport
 from sluice.compute import Compute
 from sluice.config import Settings, embedded_broker_url
 from sluice.errors import ConfigurationError
@@ -42,6 +42,7 @@ def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
     * sent events: Flower sees each attempt's queue (an escalated retry is a new publish).
     * worker_direct: every worker also consumes its own queue, so a retry can go back to the
       same worker and a remote call to the worker that holds its package environment.
+    * publishing and storing results wait out a Redis outage (``sluice.redis_client``).
     * the ``sluice`` transport (``sluice.transport``): reliable fetch, dead letters, leases;
       and a consumer that keeps every message Celery cannot run as a dead letter.
     """
@@ -63,6 +64,7 @@ def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
         "task_default_queue": default_queue,
         "broker_connection_retry_on_startup": True,
         "worker_direct": True,
+        **redis_client.retry_settings(),
     }
 
 
@@ -169,7 +171,7 @@ class App(Celery):
     @functools.cached_property
     def redis(self) -> redis.Redis:
         """A redis-py client on the broker's Redis (sluice keeps its own state there too)."""
-        return redis.Redis.from_url(self.conf.broker_url)
+        return redis_client.connect(self.conf.broker_url)
 
 
 def _check_options(opts: dict[str, Any], fun: Any) -> None:

@@ -14,6 +14,7 @@ from celery.app.utils import find_app
 from rich.console import Console
 from rich.table import Table
 
+from sluice import redis_client
 from sluice.app import App
 from sluice.client.batch.cli import compute
 from sluice.config import Settings, embedded_broker_url
@@ -92,7 +93,9 @@ def up(app_name: str, allow_no_gpu: bool, no_flower: bool, flower_port: int | No
     """Run the whole topology locally: Redis (unless SLUICE_BROKER_URL is set), one worker per
     resource class and Flower. It prints `export` lines (the broker URL and the secret that signs
     remote calls): pasted into another shell, they point apps, `sluice compute` and
-    `@sluice.remote` functions there at this cluster. Ctrl-C or SIGTERM stops everything it started."""
+    `@sluice.remote` functions there at this cluster. What dies is started again (Redis at once,
+    workers and Flower with a backoff of 1 s doubling to 60 s). Ctrl-C or SIGTERM stops
+    everything it started."""
     from sluice.deploy.local import LocalCluster
 
     settings = Settings.load()
@@ -112,10 +115,9 @@ def up(app_name: str, allow_no_gpu: bool, no_flower: bool, flower_port: int | No
     with console.status("starting redis, workers and flower"):
         cluster.start()
     _print_up(cluster)
-    while not stopping.wait(1.0):
-        for child in cluster.dead_children():
-            console.print(f"[red]{child.name} exited with code {child.process.returncode}; see {child.log_path}[/red]")
-            cluster.children.remove(child)
+    while not stopping.wait(0.5):
+        for line in cluster.supervise():
+            console.print(f"[yellow]{line}[/yellow]")
     console.print("stopping: warm shutdown of workers (running tasks finish), then redis")
     cluster.stop()
     console.print("stopped")
@@ -146,7 +148,7 @@ def broker_client(app_name: str | None) -> tuple[redis.Redis, Catalog]:
     url = settings.broker_url or embedded_broker_url(settings.home)
     if not url:
         raise click.ClickException("no broker: set SLUICE_BROKER_URL or start one with `sluice up`")
-    return redis.Redis.from_url(url, socket_timeout=5), settings.catalog
+    return redis_client.connect(url, wait_out_outages=False, socket_timeout=5), settings.catalog
 
 
 @main.command()

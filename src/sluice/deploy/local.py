@@ -25,11 +25,22 @@ from sluice.workers.gpu import gpu_count
 log = logging.getLogger("sluice.up")
 
 
+#: A child that dies is started again after 1 s, doubling for each quick death up to 60 s; one
+#: that ran for STABLE_AFTER seconds starts again from 1 s.
+RESTART_FIRST, RESTART_MAX, STABLE_AFTER = 1.0, 60.0, 60.0
+
+
 @dataclass
 class Child:
     name: str
+    args: list[str]
     process: subprocess.Popen[bytes]
     log_path: Path
+    started: float = field(default_factory=time.monotonic)
+    #: Restarts in a row that followed a quick death (sets the backoff).
+    quick_deaths: int = 0
+    #: When a dead child is due to start again (monotonic), None while it runs.
+    restart_at: float | None = None
 
 
 @dataclass
@@ -93,10 +104,36 @@ class LocalCluster:
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{name}.log"
+        self.children.append(Child(name, args, self._popen(args, log_path), log_path))
+
+    def _popen(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         with open(log_path, "ab") as out:
-            process = subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
-                                       env=os.environ | self.env(), start_new_session=True)
-        self.children.append(Child(name, process, log_path))
+            return subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
+                                    env=os.environ | self.env(), start_new_session=True)
+
+    def supervise(self) -> list[str]:
+        """Start again what died: the embedded Redis at once (same port, password and AOF), a
+        worker or Flower after a backoff. Returns one line per thing done, for the terminal."""
+        said = []
+        if self.redis is not None and self.redis.process is not None and self.redis.process.poll() is not None:
+            code = self.redis.process.returncode
+            self.redis.start()
+            said.append(f"redis exited with code {code}; restarted it on the same port (its AOF reloaded)")
+        now = time.monotonic()
+        for child in self.children:
+            if child.restart_at is None and child.process.poll() is not None:
+                quick = now - child.started < STABLE_AFTER
+                child.quick_deaths = child.quick_deaths + 1 if quick else 1
+                delay = min(RESTART_MAX, RESTART_FIRST * 2 ** (child.quick_deaths - 1))
+                child.restart_at = now + delay
+                said.append(f"{child.name} exited with code {child.process.returncode}; restarting it in "
+                            f"{delay:.0f}s (see {child.log_path})")
+            elif child.restart_at is not None and now >= child.restart_at:
+                child.process, child.started, child.restart_at = self._popen(child.args, child.log_path), now, None
+                said.append(f"restarted {child.name} (pid {child.process.pid})")
+        if any(line.startswith("restarted") for line in said):
+            self._write_state()
+        return said
 
     def _write_state(self) -> None:
         state = {"pid": os.getpid(), "broker_url": self.broker_url, "flower_url": self.flower_url,
@@ -108,9 +145,6 @@ class LocalCluster:
         tmp.write_text(json.dumps(state))
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
-
-    def dead_children(self) -> list[Child]:
-        return [c for c in self.children if c.process.poll() is not None]
 
     def stop(self, grace: float = 30.0) -> None:
         """Warm shutdown: SIGTERM every child (Celery finishes running tasks), SIGKILL after ``grace``."""

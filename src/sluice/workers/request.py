@@ -9,6 +9,7 @@ the task's retry policy decides: publish the next attempt at a bigger size, or f
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
@@ -17,9 +18,11 @@ from celery import states
 from celery.worker.request import Request
 
 from sluice import keys
-from sluice.errors import AttemptFailed, MemoryKilled
+from sluice.errors import AttemptFailed, MemoryKilled, WorkerLost
 from sluice.tasks.escalation import Attempt, end_attempt
 from sluice.tasks.retry import Reason
+
+log = logging.getLogger("sluice.worker")
 
 
 class ComputeRequest(Request):
@@ -31,11 +34,17 @@ class ComputeRequest(Request):
             exc = exc.exc
         if not isinstance(exc, WorkerLostError) or self.task.backend.get_state(self.id) == states.SUCCESS:
             return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
-        reason, detail, error = self._why_lost(exc)
-        attempt = Attempt.of(self.task, self.request_dict, self.delivery_info)
-        outcome = end_attempt(self.task, self._context, attempt, reason, detail, self.hostname)
-        if isinstance(outcome, AttemptFailed):
-            return self._retried(outcome)
+        try:
+            reason, detail, error = self._why_lost(exc)
+            attempt = Attempt.of(self.task, self.request_dict, self.delivery_info)
+            outcome = end_attempt(self.task, self._context, attempt, reason, detail, self.hostname)
+            if isinstance(outcome, AttemptFailed):
+                return self._retried(outcome)
+        except Exception as hook_error:  # sluice's own code: fail the task visibly, never leave it unacknowledged
+            log.exception("task %s[%s]: could not decide its retry after %s", self.task.name, self.id, exc)
+            outcome = WorkerLost(f"{exc}; sluice could not decide a retry ({type(hook_error).__name__}: "
+                                 f"{hook_error}), so the task failed")
+            error = exc
         return super().on_failure(_exception_info(outcome or error, exc), send_failed_event=send_failed_event,
                                   return_ok=return_ok)
 

@@ -16,14 +16,16 @@ from typing import Any
 
 import click
 import redis
+from kombu.exceptions import OperationalError
 from rich.console import Console
 
+from sluice import redis_client
 from sluice.app import App
 from sluice.client.batch import finalise, torchrun
 from sluice.client.batch.driver import Driver
 from sluice.client.batch.local_workers import LocalWorkers
 from sluice.client.batch.observe import Observer
-from sluice.client.batch.progress import EXIT_INTERRUPTED, RunSettings
+from sluice.client.batch.progress import EXIT_BROKER_LOST, EXIT_INTERRUPTED, RunSettings
 from sluice.client.batch.records import Record, encode
 from sluice.client.batch.sink import Sink
 from sluice.client.batch.taskfile import TaskFile
@@ -87,7 +89,8 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
       sluice compute task.py -w 4 --sink /tmp/run1 --resume --observe -- --n 1000
       torchrun --nproc_per_node=2 --no-python -- sluice compute task.py --sink /tmp/run2 -- --n 1000
 
-    Exit codes: 0 every item succeeded, 1 some failed, 130 interrupted (Ctrl-C), 2 usage.
+    Exit codes: 0 every item succeeded, 1 some failed, 130 interrupted (Ctrl-C), 2 usage,
+    75 lost the broker for over two minutes (nothing failed: run again with --resume).
     """
     tf = TaskFile.load(task_file, list(task_args))
     if check_items is not None:
@@ -120,14 +123,14 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
         url = embedded.start().url
     try:
         if ranks:
-            torchrun.reset(redis.Redis.from_url(url), run_id)
+            torchrun.reset(redis_client.connect(url), run_id)
             torchrun.share_run(ranks, {"broker": url, "run_id": run_id, "queue": private_queue(run_id)},
                                broker or settings.broker_url)
         options = RunOptions(workers, per_worker, python, retries, results_mode, resume, rerun_failed, observe,
                              quarantine_after)
         code = _run(tf, url, run_id, sink_dir, options, settings, ranks)
         if ranks:
-            torchrun.release(redis.Redis.from_url(url), ranks, run_id, code)
+            torchrun.release(redis_client.connect(url), ranks, run_id, code)
     finally:
         if embedded is not None:
             embedded.stop()
@@ -146,7 +149,7 @@ def _serve_rank(ranks: Ranks, broker: str | None, workers: int, per_worker: int,
                 settings: Settings) -> int:
     """A torchrun rank other than 0: run local workers for rank 0's run until it ends."""
     run = torchrun.share_run(ranks, None, broker)
-    client = redis.Redis.from_url(run["broker"])
+    client = redis_client.connect(run["broker"])
     local = LocalWorkers(workers, per_worker, run["queue"], run["run_id"], python,
                          settings.home / "runs" / run["run_id"] / f"rank-{ranks.rank}-logs",
                          {"SLUICE_BROKER_URL": run["broker"]}, prefix=f"r{ranks.rank}.").start()
@@ -197,12 +200,18 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOption
         if not options.resume:
             driver.reset()
         _handle_interrupts(driver)
+        lost_broker = False
         try:
             code = driver.run(done)
+        except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
+            console.print(f"[red]lost the broker for over {redis_client.OUTAGE_WAIT:.0f} s ({exc}); nothing "
+                          "counts as failed: run again with --resume once Redis is back[/red]")
+            lost_broker, code = True, EXIT_BROKER_LOST
         finally:
+            ending = driver.stopping or lost_broker
             if local is not None:
-                local.stop(interrupt=driver.stopping, idle=not driver.stopping and finalise.wait_for_acks(driver))
-    if driver.stopping:
+                local.stop(interrupt=ending, idle=not ending and finalise.wait_for_acks(driver))
+    if driver.stopping and not lost_broker:
         finalise.finish_interrupted(driver, private_queue=local is not None)
         code = EXIT_INTERRUPTED
     store.close()

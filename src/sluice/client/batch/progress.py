@@ -7,8 +7,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-#: ``sluice compute`` exits 0 when every item succeeded, 1 when some failed, 130 when interrupted.
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+#: ``sluice compute`` exits 0 when every item succeeded, 1 when some failed, 130 when interrupted,
+#: 75 (EX_TEMPFAIL) when it lost the broker for longer than sluice waits out an outage: nothing
+#: failed, run it again with ``--resume``.
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_BROKER_LOST = 0, 1, 130, 75
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from sluice import keys
+from sluice import keys, redis_client
 from sluice.errors import ConfigurationError
 
 RENDEZVOUS_TIMEOUT = 300.0
@@ -88,7 +88,7 @@ def share_run(ranks: Ranks, run: dict[str, Any] | None, broker: str | None) -> d
 
 
 def _share_through_redis(ranks: Ranks, run: dict[str, Any] | None, broker: str) -> dict[str, Any]:
-    client = redis.Redis.from_url(broker)
+    client = redis_client.connect(broker)
     key = f"{keys.PREFIX}torchrun:{ranks.launch_id}"
     if ranks.drives:
         client.set(key, json.dumps(run), ex=24 * 3600)
