@@ -167,3 +167,9 @@ def test_unknown_sluice_env_variable_is_warned_about_with_the_closest_name(
     warnings = [r.getMessage() for r in caplog.records]
     assert warnings == ["ignoring environment variable SLUICE_VISIBILTY_TIMEOUT: it is not a sluice setting; "
                         "did you mean SLUICE_VISIBILITY_TIMEOUT?"]
+
+
+def test_a_home_of_a_user_this_machine_lacks_is_a_configuration_error(tmp_path: Path) -> None:
+    """`~0` (found by the fuzz above): pathlib raises RuntimeError; sluice names the setting."""
+    with pytest.raises(ConfigurationError, match="setting home: '~0'"):
+        Settings.load(cwd=tmp_path, env={"SLUICE_HOME": "~0"})

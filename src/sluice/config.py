@@ -145,7 +145,7 @@ class Settings:
             reaper_interval=bounded(table, "reaper_interval", defaults.reaper_interval, float,
                                     *BOUNDS["reaper_interval"]),
             orphan_grace=bounded(table, "orphan_grace", defaults.orphan_grace, float, *BOUNDS["orphan_grace"]),
-            home=Path(text(table, "home") or defaults.home).expanduser(),
+            home=_home(text(table, "home"), defaults.home),
             remote_secret=text(table, "remote_secret"),
             catalog=Catalog.merged(classes),
         )
@@ -181,6 +181,14 @@ def bounded(table: Mapping[str, Any], key: str, default: Any, kind: type, low: f
     if kind is int and number != int(number):
         raise ConfigurationError(f"setting {key}={raw!r} {accepted}")
     return int(number) if kind is int else number
+
+
+def _home(value: str | None, default: Path) -> Path:
+    try:
+        return Path(value).expanduser() if value else default
+    except RuntimeError:  # "~name" of a user this machine does not have
+        raise ConfigurationError(f"setting home: {value!r} names the home of a user this machine does not have; "
+                                 "give a path (~ alone means your own home)") from None
 
 
 def text(table: Mapping[str, Any], key: str) -> str | None:
