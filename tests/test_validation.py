@@ -173,3 +173,8 @@ def test_a_home_of_a_user_this_machine_lacks_is_a_configuration_error(tmp_path: 
     """`~0` (found by the fuzz above): pathlib raises RuntimeError; sluice names the setting."""
     with pytest.raises(ConfigurationError, match="setting home: '~0'"):
         Settings.load(cwd=tmp_path, env={"SLUICE_HOME": "~0"})
+
+
+def test_a_remote_env_dir_of_a_user_this_machine_lacks_is_a_configuration_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="setting env_dir: '~0'"):
+        Settings.load(cwd=tmp_path, env={"SLUICE_ENV_DIR": "~0"}, sections=[RemoteSettings])

@@ -145,7 +145,7 @@ class Settings:
             reaper_interval=bounded(table, "reaper_interval", defaults.reaper_interval, float,
                                     *BOUNDS["reaper_interval"]),
             orphan_grace=bounded(table, "orphan_grace", defaults.orphan_grace, float, *BOUNDS["orphan_grace"]),
-            home=_home(text(table, "home"), defaults.home),
+            home=path(table, "home") or defaults.home,
             remote_secret=text(table, "remote_secret"),
             catalog=Catalog.merged(classes),
         )
@@ -183,11 +183,13 @@ def bounded(table: Mapping[str, Any], key: str, default: Any, kind: type, low: f
     return int(number) if kind is int else number
 
 
-def _home(value: str | None, default: Path) -> Path:
+def path(table: Mapping[str, Any], key: str) -> Path | None:
+    """A path setting, ``~`` expanded; None when unset."""
+    value = text(table, key)
     try:
-        return Path(value).expanduser() if value else default
+        return Path(value).expanduser() if value else None
     except RuntimeError:  # "~name" of a user this machine does not have
-        raise ConfigurationError(f"setting home: {value!r} names the home of a user this machine does not have; "
+        raise ConfigurationError(f"setting {key}: {value!r} names the home of a user this machine does not have; "
                                  "give a path (~ alone means your own home)") from None
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sluice.config import bounded, flag, fraction, names, text
+from sluice.config import bounded, flag, fraction, names, path
 from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog
 from sluice.units import parse_size
@@ -59,7 +59,7 @@ class RemoteSettings:
             remote_growth_factor=bounded(table, "remote_growth_factor", defaults.remote_growth_factor, float, 1, 100,
                                          low_open=True),
             remote_memory_share=fraction(table, "remote_memory_share", defaults.remote_memory_share),
-            env_dir=Path(env_dir).expanduser() if (env_dir := text(table, "env_dir")) else None,
+            env_dir=path(table, "env_dir"),
             env_cache_size=parse_size(table.get("env_cache_size", defaults.env_cache_size), "setting env_cache_size"),
             fresh_env_per_call=flag(table, "fresh_env_per_call"),
             stream_logs=flag(table, "stream_logs"),
