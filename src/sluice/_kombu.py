@@ -76,11 +76,6 @@ class RedisLayout:
     def dead_letter_count(self, queue: str) -> str:
         return self._key(keys.stat("dead_letters", queue))
 
-    def dead_letter_queues(self, client: redis.Redis) -> list[str]:
-        """The queues that have dead letters now."""
-        prefix = self.dead_letters("")
-        return sorted(key.decode()[len(prefix):] for key in client.scan_iter(match=prefix + "*", count=1000))
-
     def queue_lists(self, queue: str) -> list[str]:
         """The Redis lists holding a queue's waiting messages, one per priority step."""
         return [self._key(f"{queue}{self.sep}{step}" if step else queue) for step in self.priority_steps]

@@ -1,7 +1,7 @@
 """sluice's kombu transport: kombu's Redis transport with reliable fetch, dead letters and leases.
 
 Every :class:`sluice.App` uses it (``broker_transport = "sluice"``), so a plain
-``celery -A app worker`` gets it too; a URL can name it as ``sluice+redis://host:6379/0``.
+``celery -A app worker`` gets it too.
 What it changes, and why (the key layout is in ``sluice._kombu``):
 
 * **Reliable fetch.** kombu's BRPOP removes a message from Redis before the worker records it as
@@ -38,7 +38,7 @@ from sluice import _kombu, keys
 
 log = logging.getLogger("sluice.transport")
 
-#: The alias every sluice App names in ``broker_transport`` (and ``sluice+redis://`` URLs).
+#: The alias every sluice App names in ``broker_transport``.
 ALIAS = "sluice"
 FETCH = _kombu.lua_source("fetch")
 FETCH_SHA = hashlib.sha1(FETCH.encode()).hexdigest()

@@ -13,6 +13,7 @@ import redis
 
 from sluice import _kombu
 from sluice.errors import ConfigurationError
+from sluice.transport import BELL_CAP
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class QueueDeadLetters:
 
 def summary(client: redis.Redis, layout: _kombu.RedisLayout) -> list[QueueDeadLetters]:
     """Every queue with dead letters now, or whose counter says it had some."""
-    queues = sorted(set(layout.dead_letter_queues(client)) | set(_counted_queues(client, layout)))
+    queues = sorted(_suffixes(client, layout.dead_letters("")) | _suffixes(client, layout.dead_letter_count("")))
     pipe = client.pipeline(transaction=False)
     for queue in queues:
         pipe.llen(layout.dead_letters(queue))
@@ -35,9 +36,9 @@ def summary(client: redis.Redis, layout: _kombu.RedisLayout) -> list[QueueDeadLe
     return [QueueDeadLetters(q, int(kept), int(total or 0)) for q, kept, total in zip(queues, replies[::2], replies[1::2])]
 
 
-def _counted_queues(client: redis.Redis, layout: _kombu.RedisLayout) -> list[str]:
-    prefix = layout.dead_letter_count("")
-    return [key.decode()[len(prefix):] for key in client.scan_iter(match=prefix + "*", count=1000)]
+def _suffixes(client: redis.Redis, prefix: str) -> set[str]:
+    """What follows ``prefix`` in the names of the keys that start with it (here: queue names)."""
+    return {key.decode()[len(prefix):] for key in client.scan_iter(match=prefix + "*", count=1000)}
 
 
 def read(client: redis.Redis, layout: _kombu.RedisLayout, queue: str, start: int = 0,
@@ -57,8 +58,8 @@ def requeue(client: redis.Redis, layout: _kombu.RedisLayout, queue: str, number:
     for entry in entries:
         letter = _kombu.DeadLetter.decode(entry)
         moved += move(keys=[dead, layout.queue_lists(letter.queue)[0]], args=[entry, letter.raw])
-    if moved:
-        client.lpush(layout.bell(queue), *([1] * moved))
+    if moved:  # wake idle workers, as a publish does
+        client.pipeline().lpush(layout.bell(queue), *([1] * moved)).ltrim(layout.bell(queue), 0, BELL_CAP - 1).execute()
     return moved
 
 
