@@ -28,10 +28,14 @@ def test_delay_routes_by_effective_compute(basic_app: ModuleType, redis_client: 
 
 
 def test_explicit_queue_wins_for_that_call_only(basic_app: ModuleType, redis_client: redis.Redis) -> None:
-    basic_app.big_task.apply_async(queue="cpu")
-    assert (LAYOUT.queue_depth(redis_client, "cpu"), LAYOUT.queue_depth(redis_client, "highmem")) == (1, 0)
+    """Among the classes that hold the task (a 4Gi task: highmem, gpu); one too small is refused."""
+    basic_app.big_task.apply_async(queue="gpu")
+    assert (LAYOUT.queue_depth(redis_client, "gpu"), LAYOUT.queue_depth(redis_client, "highmem")) == (1, 0)
     basic_app.big_task.delay()
-    assert (LAYOUT.queue_depth(redis_client, "cpu"), LAYOUT.queue_depth(redis_client, "highmem")) == (1, 1)
+    assert (LAYOUT.queue_depth(redis_client, "gpu"), LAYOUT.queue_depth(redis_client, "highmem")) == (1, 1)
+    with pytest.raises(NoQueueFits, match="queue 'cpu' holds cpu=1 memory=2Gi gpu=0; .*: highmem, gpu"):
+        basic_app.big_task.apply_async(queue="cpu")
+    assert LAYOUT.queue_depth(redis_client, "cpu") == 0
 
 
 def test_effective_compute_inherits_per_axis(basic_app: ModuleType) -> None:

@@ -27,10 +27,10 @@ def test_python_m_sluice_help() -> None:
 def test_explain_prints_effective_compute_and_class() -> None:
     result = sluice("explain", "-A", "tests.apps.basic")
     assert result.returncode == 0, result.stderr
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:5]]
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:6]]
             for line in result.stdout.splitlines() if line.startswith("│")}
-    assert rows["tests.apps.basic.big_task"] == ["memory=4Gi", "cpu=1 memory=4Gi", "highmem"]
-    assert rows["tests.apps.basic.default_task"] == ["(default)", "cpu=1 memory=512Mi", "cpu"]
+    assert rows["tests.apps.basic.big_task"] == ["memory=4Gi", "cpu=1 memory=4Gi", "-", "highmem"]
+    assert rows["tests.apps.basic.default_task"] == ["(default)", "cpu=1 memory=512Mi", "-", "cpu"]
 
 
 @pytest.mark.usefixtures("redis_server")

@@ -19,6 +19,7 @@ from sluice.config import Settings, embedded_broker_url
 from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.routing import ComputeRouter
+from sluice.queues.task_catalog import TaskDirectory
 from sluice.tasks.base import ComputeTask
 from sluice.tasks.retry import RetryPolicy
 from sluice.workers.bootstep import SluiceWorkerStep
@@ -167,6 +168,11 @@ class App(Celery):
     def route(self, task_name: str) -> ResourceClass:
         """The resource class a task is routed to."""
         return self.catalog.route(self.effective_compute(task_name), task_name)
+
+    @functools.cached_property
+    def task_directory(self) -> TaskDirectory:
+        """The cluster's task catalog, cached here: routes tasks this process has not imported."""
+        return TaskDirectory(lambda: self.redis)
 
     @functools.cached_property
     def redis(self) -> redis.Redis:

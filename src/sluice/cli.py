@@ -6,7 +6,8 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 import click
 import redis
@@ -19,10 +20,9 @@ from sluice.app import App
 from sluice.client.batch.cli import compute
 from sluice.config import Settings, embedded_broker_url
 from sluice.deploy.commands import autoscale, deploy, metrics
-from sluice.errors import BrokerUnavailable, SluiceError
+from sluice.errors import BrokerUnavailable, NoQueueFits, SluiceError
 from sluice.queues.catalog import Catalog
 from sluice.queues.commands import dead_letters_group
-from sluice.units import format_cpu, format_memory
 from sluice.workers.gpu import gpu_count
 
 console = Console()
@@ -139,54 +139,105 @@ def _print_up(cluster: Any) -> None:
     console.print("\nCtrl-C stops everything.")
 
 
-def broker_client(app_name: str | None) -> tuple[redis.Redis, Catalog]:
-    """Redis and the catalog of ``app_name``, or of the configured settings (a running ``sluice up``)."""
+class Broker(NamedTuple):
+    """What the read-only commands need: Redis, the classes, and the rest of the settings."""
+
+    client: redis.Redis
+    catalog: Catalog
+    settings: Settings
+
+
+def broker_client(app_name: str | None) -> Broker:
+    """Redis and the settings of ``app_name``, or the configured ones (a running ``sluice up``)."""
     if app_name:
         app = load_app(app_name)
-        return app.redis, app.catalog
+        return Broker(app.redis, app.catalog, app.settings)
     settings = Settings.load()
     url = settings.broker_url or embedded_broker_url(settings.home)
     if not url:
         raise click.ClickException("no broker: set SLUICE_BROKER_URL or start one with `sluice up`")
-    return redis_client.connect(url, wait_out_outages=False, socket_timeout=5), settings.catalog
+    return Broker(redis_client.connect(url, wait_out_outages=False, socket_timeout=5), settings.catalog, settings)
 
 
 @main.command()
 @click.option("-A", "--app", "app_name", default=None, help="App whose catalog to use (default: the configured one).")
 def status(app_name: str | None) -> None:
-    """Per resource class: queue depth, workers online, tasks running, slot size."""
-    from sluice.queues.status import class_status
+    """Per resource class: queue depth, workers online, tasks running, slot size, and the tasks
+    of the cluster's task catalog it serves; then the intake queue (plain Celery clients' tasks
+    waiting to be forwarded)."""
+    from sluice.queues import task_catalog
+    from sluice.queues.status import class_status, intake_status, tasks_by_class
 
-    client, catalog = broker_client(app_name)
+    broker = broker_client(app_name)
     try:
-        rows = class_status(client, catalog)
+        rows = class_status(broker.client, broker.catalog)
+        intake = intake_status(broker.client, broker.settings.intake_queue)
+        serves = tasks_by_class(task_catalog.read(broker.client), broker.catalog)
     except redis.RedisError as exc:
         raise click.ClickException(f"cannot read the broker: {exc}") from None
     table = Table(title="sluice status")
-    for column in ("class", "queued", "workers", "running", "slots", "slot size"):
-        table.add_column(column, justify="left" if column in ("class", "slot size") else "right")
+    for column in ("class", "queued", "workers", "running", "slots", "slot size", "tasks"):
+        table.add_column(column, justify="left" if column in ("class", "slot size", "tasks") else "right")
     for row in rows:
-        slot = row.resource_class.slot
-        size = f"cpu={format_cpu(slot.millicores or 0)} memory={format_memory(slot.memory_bytes or 0)} gpu={slot.gpus}"
-        table.add_row(row.resource_class.name, str(row.queued), str(row.workers), str(row.running),
-                      str(row.slots), size)
+        name = row.resource_class.name
+        table.add_row(name, str(row.queued), str(row.workers), str(row.running), str(row.slots),
+                      row.resource_class.slot.describe(), ", ".join(serves.get(name, [])) or "-")
+    table.add_row(f"{intake.queue} (intake)", str(intake.queued), str(intake.workers), "-", "-", "-",
+                  "forwarded to the class that fits")
     console.print(table)
+    if serves.get("?"):
+        console.print(f"[yellow]no class here holds[/yellow] {', '.join(serves['?'])}")
 
 
 @main.command()
-@click.option("-A", "--app", "app_name", required=True, help="Module (or module:attr) holding the sluice App.")
-def explain(app_name: str) -> None:
-    """For each task of an app: declared compute, effective compute and the class it routes to."""
-    app = load_app(app_name)
-    table = Table(title=f"routing for {app_name}")
-    for column in ("task", "declared", "effective", "class"):
+@click.option("-A", "--app", "app_name", default=None,
+              help="Module (or module:attr) holding the sluice App. Without it, the tasks come from the cluster's "
+                   "task catalog (what running workers registered) and the classes from the settings.")
+@click.option("--from-cluster", is_flag=True,
+              help="With -A: read the tasks from the cluster's task catalog instead of the app's code "
+                   "(the app's classes still route them).")
+def explain(app_name: str | None, from_cluster: bool) -> None:
+    """For each task: declared compute, effective compute, retry policy and the class it routes to."""
+    from sluice.queues import task_catalog
+
+    if app_name and not from_cluster:
+        app = load_app(app_name)
+        catalog, source = app.catalog, f"routing for {app_name}"
+        entries = task_catalog.entries_of(app, "this code")
+    else:
+        broker = broker_client(app_name)
+        catalog, source = broker.catalog, "routing of the cluster's task catalog"
+        try:
+            entries = list(task_catalog.read(broker.client).values())
+        except redis.RedisError as exc:
+            raise click.ClickException(f"cannot read the broker: {exc}") from None
+        if not entries:
+            raise click.ClickException("the task catalog is empty: no sluice worker has started against this "
+                                       "broker yet (give -A to read an app's code instead)")
+    table = Table(title=source)
+    for column in ("task", "declared", "effective", "retry", "class", *(() if app_name and not from_cluster
+                                                                       else ("published by",))):
         table.add_column(column)
-    for name in sorted(n for n in app.tasks if not n.startswith("celery.")):
-        declared = getattr(app.tasks[name], "compute", None)
-        table.add_row(name, declared.describe() if declared else "(default)", app.effective_compute(name).describe(),
-                      app.route(name).name)
+    for entry in sorted(entries, key=lambda e: e.name):
+        try:
+            where = catalog.route(entry.effective, entry.name).name
+        except NoQueueFits:
+            where = "[red]no class fits[/red]"
+        retry = entry.retry.describe() if entry.retry is not None else "-"
+        cells = [entry.name, entry.declared.describe() if entry.declared else "(default)", entry.effective.describe(),
+                 retry, where]
+        if not (app_name and not from_cluster):
+            cells.append(f"{entry.worker}, {format_age(time.time() - entry.at)} ago")
+        table.add_row(*cells)
     console.print(table)
-    console.print("classes, smallest first: " + "; ".join(rc.describe() for rc in app.catalog))
+    console.print("classes, smallest first: " + "; ".join(rc.describe() for rc in catalog))
+
+
+def format_age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{max(seconds, 0):.0f}s"
 
 
 @main.command()
@@ -198,7 +249,7 @@ def check(hostname: str) -> None:
     from sluice.workers.health import check_worker
 
     settings = Settings.load()
-    client, _ = broker_client(None)
+    client = broker_client(None).client
     health, reason = check_worker(client, hostname.replace("%h", socket.gethostname()), settings.heartbeat_interval)
     click.echo(f"{health.name}: {reason}")
     sys.exit(int(health))

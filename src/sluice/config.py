@@ -34,7 +34,8 @@ from sluice.units import real_number
 log = logging.getLogger("sluice.config")
 
 SETTING_KEYS = ("broker_url", "result_backend", "default_cpu", "default_memory", "visibility_timeout",
-                "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes", "remote_secret")
+                "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes", "remote_secret",
+                "intake_queue")
 
 #: Longer than any task should run: a task still running on a live worker must never be redelivered.
 DEFAULT_VISIBILITY_TIMEOUT = 6 * 3600
@@ -76,6 +77,9 @@ class Settings:
     #: (remote calls and replies, asset values; HMAC-SHA256). Without it nothing is unpickled.
     #: The name is historical: remote calls were the first pickles to be signed.
     remote_secret: str | None = None
+    #: The queue every sluice worker also drains, forwarding each task to the class that fits it:
+    #: Celery's own default queue, so a plain Celery client with its defaults reaches sluice.
+    intake_queue: str = "celery"
     #: Each capability's section, by its class (see :meth:`section`).
     sections: Mapping[type, Any] = field(default_factory=dict)
 
@@ -147,7 +151,8 @@ class Settings:
             orphan_grace=bounded(table, "orphan_grace", defaults.orphan_grace, float, *BOUNDS["orphan_grace"]),
             home=path(table, "home") or defaults.home,
             remote_secret=text(table, "remote_secret"),
-            catalog=Catalog.merged(classes),
+            catalog=(catalog := Catalog.merged(classes)),
+            intake_queue=intake_queue(table, catalog, defaults.intake_queue),
         )
 
 
@@ -191,6 +196,15 @@ def path(table: Mapping[str, Any], key: str) -> Path | None:
     except RuntimeError:  # "~name" of a user this machine does not have
         raise ConfigurationError(f"setting {key}: {value!r} names the home of a user this machine does not have; "
                                  "give a path (~ alone means your own home)") from None
+
+
+def intake_queue(table: Mapping[str, Any], catalog: Catalog, default: str) -> str:
+    """The intake queue's name: a queue name that is not one of the resource classes."""
+    name = text(table, "intake_queue") or default
+    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum() or name in catalog:
+        raise ConfigurationError(f"setting intake_queue={name!r} must be a queue name (letters, digits, '-', '_', "
+                                 f"'.') that is not a resource class ({', '.join(catalog.names)})")
+    return name
 
 
 def text(table: Mapping[str, Any], key: str) -> str | None:

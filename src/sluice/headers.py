@@ -26,6 +26,9 @@ STICKY = "sluice_sticky"
 #: A retried remote call: the memory limit its fresh sandbox starts at, and why it was retried.
 REMOTE_START = "sluice_remote_start"
 REMOTE_REASON = "sluice_remote_reason"
+#: The queues a worker forwarded this message from (admission), oldest first: a forward to a
+#: queue already in it is a loop, and ends the task instead.
+FORWARDED = "sluice_forwarded"
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Headers:
     sticky: str | None = None
     remote_start: int | None = None
     remote_reason: str | None = None
+    forwarded: tuple[str, ...] = ()
 
     @classmethod
     def read(cls, source: Mapping[str, Any] | Any) -> Headers:
@@ -49,14 +53,16 @@ class Headers:
                    policy=RetryPolicy.from_dict(policy) if policy else None,
                    sticky=fields.get(STICKY) or None,
                    remote_start=int(start) if start else None,
-                   remote_reason=fields.get(REMOTE_REASON) or None)
+                   remote_reason=fields.get(REMOTE_REASON) or None,
+                   forwarded=tuple(str(q) for q in fields.get(FORWARDED) or ()))
 
     def encode(self) -> dict[str, Any]:
         """The headers to publish (only the ones set; attempt 1 is implied)."""
         values = {ATTEMPT: self.attempt if self.attempt != 1 else None,
                   COMPUTE: self.compute.to_dict() if self.compute is not None else None,
                   POLICY: self.policy.to_dict() if self.policy is not None else None,
-                  STICKY: self.sticky, REMOTE_START: self.remote_start, REMOTE_REASON: self.remote_reason}
+                  STICKY: self.sticky, REMOTE_START: self.remote_start, REMOTE_REASON: self.remote_reason,
+                  FORWARDED: list(self.forwarded) or None}
         return {name: value for name, value in values.items() if value is not None}
 
 

@@ -73,3 +73,11 @@ def session(session_id: str, part: str) -> str:
     """A remote session's keys: ``lease`` (string with a TTL the client refreshes), ``calls``
     (list: signed requests), ``replies`` (list: signed replies, in call order)."""
     return f"{PREFIX}session:{session_id}:{part}"
+
+
+#: Hash: task name -> JSON entry of the task catalog (declared and effective compute, retry
+#: policy, who published it when); written by every worker, read by senders and ``sluice explain``.
+TASK_CATALOG = f"{PREFIX}tasks"
+
+#: Hash: ``"<from queue> <to queue>"`` -> how many messages workers forwarded between them.
+FORWARDED = f"{PREFIX}stats:forwarded"

@@ -14,6 +14,9 @@ What it changes, and why (the key layout is in ``sluice._kombu``):
 * **Dead letters.** A message whose envelope is not kombu's is moved to its queue's dead-letter
   list by the script; one that the worker cannot even decode or deliver is moved there from
   Python. Neither reaches Celery's consumer, so no message can stop a worker.
+* **Forwarding.** A worker moves a message it holds to another queue in one atomic step
+  (``forward.lua``): admission (``sluice.workers.admission``) sends a task its class cannot
+  hold on to the class that can, and it is never in both queues nor in neither.
 * **Leases.** A worker renews the delivery time of every message it holds (ETA tasks waiting
   for their time included), so kombu's visibility timeout restores only messages whose holder
   stopped renewing: an ETA or a task longer than the visibility timeout still runs once.
@@ -42,6 +45,7 @@ log = logging.getLogger("sluice.transport")
 ALIAS = "sluice"
 FETCH = _kombu.lua_source("fetch")
 FETCH_SHA = hashlib.sha1(FETCH.encode()).hexdigest()
+FORWARD = _kombu.lua_source("forward")
 #: The transport option that sets the lease renewal interval (seconds; see :func:`lease_interval`).
 LEASE_OPTION = "sluice_lease_interval"
 #: The ``delivery_info`` field naming the queue a message was fetched from (routing keys do not
@@ -192,6 +196,26 @@ class ReliableChannel(kombu_redis.Channel):
             # a plain client: the layout names keys in full, kombu's client would prefix them again
             _kombu.dead_letter(redis.Redis(connection_pool=self.pool), self.layout, letter, held_tag=tag)
             log.warning("moved message %s from %s to the dead letters: %s: %s", tag, queue, type(exc).__name__, exc)
+
+    def forward(self, message: Any, queue: str, headers: dict[str, Any]) -> bool:
+        """Move a message this channel holds to ``queue`` with new ``headers``, atomically
+        (``forward.lua``), and forget it here; False when it was no longer held (restored).
+        Its routing becomes the default exchange and the queue's name, as the reaper's moves."""
+        raw, tag = message._raw, message.delivery_tag
+        info = {k: v for k, v in raw["properties"]["delivery_info"].items() if k != SOURCE_QUEUE}
+        source = raw["properties"]["delivery_info"].get(SOURCE_QUEUE) or info.get("routing_key") or "?"
+        payload = dict(raw, headers=headers, properties=dict(
+            raw["properties"], delivery_info=dict(info, exchange="", routing_key=queue)))
+        target = self._q_for_pri(queue, self._get_message_priority(payload, reverse=False))
+        layout = self.layout
+        client = redis.Redis(connection_pool=self.pool)  # full key names, as in _deliver_fetched
+        moved = client.register_script(FORWARD)(
+            keys=[layout._key(self.unacked_key), layout._key(self.unacked_index_key), layout._key(target),
+                  layout.bell(queue), layout._key(keys.FORWARDED)],
+            args=[tag, dumps(payload), BELL_CAP, f"{source} {queue}"])
+        self.fetched.discard(tag)
+        self.qos.forget(tag)
+        return bool(moved)
 
     def renew_leases(self) -> None:
         """Move the delivery time of every message this channel holds to now (one round trip)."""

@@ -6,7 +6,8 @@ workers), and patch the Deployment's scale subresource. Scaling down never kills
 
 1. every pod is annotated with ``controller.kubernetes.io/pod-deletion-cost`` (busy pods high,
    the chosen idle ones lowest), so the ReplicaSet removes the chosen pods;
-2. the chosen workers are drained first: their consumers are cancelled, so they take no new work;
+2. the chosen workers are drained first: their consumers (class, intake, own queue) are
+   cancelled, so they take no new work;
 3. only then is the scale patched, and never below the number of busy workers.
 
 Scale-up is immediate but limited to ``max_step_up`` replicas a tick; scale-down waits
@@ -92,8 +93,9 @@ class Autoscaler(Periodic):
             self.core.patch_namespaced_pod(pod.metadata.name, self.namespace,
                                            {"metadata": {"annotations": {DELETION_COST: str(cost)}}})
         drained = [by_pod[p] for p in victims if p in by_pod]
-        for host in drained:  # the class queue and the worker's own queue: it takes no new work at all
-            for queue in (rc.name, worker_direct(host).name):
+        intake = self.control.app.settings.intake_queue  # a sluice App's control
+        for host in drained:  # the class queue, the intake and the worker's own queue: no new work at all
+            for queue in (rc.name, intake, worker_direct(host).name):
                 self.control.cancel_consumer(queue, destination=[host], reply=True, timeout=2.0)
         return self._scale(rc, current, target, status, f"draining idle {', '.join(victims)}")
 

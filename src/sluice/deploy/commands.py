@@ -134,7 +134,7 @@ def autoscale(app_name: str, namespace: str, interval: float, cooldown: float, m
     app = load_app(app_name)
     api = _kube_api()
     if metrics_port:
-        serve(app.redis, app.catalog, metrics_port)
+        serve(app.redis, app.catalog, metrics_port, intake=app.settings.intake_queue)
     Autoscaler(app.redis, app.catalog, client.AppsV1Api(api), client.CoreV1Api(api), namespace, app.control,
                interval=interval, cooldown=cooldown, max_step_up=max_step_up, max_step_down=max_step_down).run()
 
@@ -149,8 +149,8 @@ def metrics(app_name: str | None, port: int, address: str) -> None:
     from sluice.cli import broker_client
     from sluice.deploy.metrics import serve
 
-    client, catalog = broker_client(app_name)
-    serve(client, catalog, port, address)
+    broker = broker_client(app_name)
+    serve(broker.client, broker.catalog, port, address, intake=broker.settings.intake_queue)
     click.echo(f"serving http://{address}:{port}/metrics")
     while True:
         time.sleep(3600)

@@ -19,17 +19,20 @@ from prometheus_client.registry import Collector
 
 from sluice import keys
 from sluice.queues.catalog import Catalog
-from sluice.queues.status import class_status
+from sluice.config import Settings
+from sluice.queues.status import class_status, intake_status
 
 
 class ClassMetrics(Collector):
     """``sluice_queued``, ``sluice_reserved``, ``sluice_running``, ``sluice_workers_online``,
     ``sluice_slots``, ``sluice_escalations_total``, ``sluice_memory_kills_total`` and
-    ``sluice_dead_letters_total``, by class."""
+    ``sluice_dead_letters_total``, by class; ``sluice_intake_queued`` (the intake queue's depth)
+    and ``sluice_forwarded_total`` by ``from`` and ``to`` queue (admission's forwards)."""
 
-    def __init__(self, client: redis.Redis, catalog: Catalog) -> None:
+    def __init__(self, client: redis.Redis, catalog: Catalog, intake: str = Settings.intake_queue) -> None:
         self.client = client
         self.catalog = catalog
+        self.intake = intake
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         gauges = {name: GaugeMetricFamily(f"sluice_{name}", help_text, labels=["resource_class"]) for name, help_text in (
@@ -53,11 +56,22 @@ class ClassMetrics(Collector):
                 counter.add_metric([name], int(totals[index * len(counters) + offset] or 0))
         yield from gauges.values()
         yield from counters.values()
+        intake = GaugeMetricFamily("sluice_intake_queued", "Messages waiting in the intake queue to be forwarded",
+                                   labels=["queue"])
+        intake.add_metric([self.intake], intake_status(self.client, self.intake).queued)
+        forwarded = CounterMetricFamily("sluice_forwarded", "Messages workers forwarded to the class that holds "
+                                        "them (from the intake, or from a class too small)", labels=["from", "to"])
+        for pair, count in sorted(self.client.hgetall(keys.FORWARDED).items()):
+            source, _, target = pair.decode().partition(" ")
+            forwarded.add_metric([source, target], int(count))
+        yield intake
+        yield forwarded
 
 
-def serve(client: redis.Redis, catalog: Catalog, port: int, address: str = "0.0.0.0") -> CollectorRegistry:
+def serve(client: redis.Redis, catalog: Catalog, port: int, address: str = "0.0.0.0",
+          intake: str = Settings.intake_queue) -> CollectorRegistry:
     """Serve ``/metrics`` on ``port`` from a background thread; returns the registry."""
     registry = CollectorRegistry()
-    registry.register(ClassMetrics(client, catalog))
+    registry.register(ClassMetrics(client, catalog, intake))
     start_http_server(port, addr=address, registry=registry)
     return registry

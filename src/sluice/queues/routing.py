@@ -2,32 +2,74 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
+from sluice.compute import Compute
+from sluice.errors import NoQueueFits
 from sluice.headers import Headers
 
 if TYPE_CHECKING:
     from sluice.app import App
 
+log = logging.getLogger("sluice.routing")
+
 
 class ComputeRouter:
     """A ``task_routes`` entry. Routes by effective compute, cached per task name.
 
-    Celery merges the caller's options into the returned route (in place, so each call returns
-    a new dict), and an explicit ``apply_async(queue=...)`` still wins.
+    A task this process has not imported is routed by the cluster's task catalog (what the
+    workers registered); a name no worker registered goes to the default class, with one warning.
+    An explicit ``apply_async(queue=...)`` wins among the classes that can hold the task; one
+    that cannot is :class:`NoQueueFits` here, at publish (workers would forward it anyway).
     """
 
     def __init__(self, app: App) -> None:
         self.app = app
         self._by_task: dict[str, str] = {}
+        self._unknown: set[str] = set()
 
     def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None,
                  **_: Any) -> dict[str, str]:
         headers = options.get("headers")
         compute = Headers.read(headers).compute if headers else None
         if compute is not None:
-            return {"queue": self.app.catalog.route(compute.inherit(self.app.default_compute), name).name}
+            compute = compute.inherit(self.app.default_compute)
+        explicit = getattr(options.get("queue"), "name", options.get("queue"))  # Celery may expand it to a Queue
+        if isinstance(explicit, str) and explicit in self.app.catalog:
+            self._check_holds(name, compute or self._known_compute(name), explicit)
+            return {"queue": explicit}
+        if compute is not None:
+            return {"queue": self.app.catalog.route(compute, name).name}
         queue = self._by_task.get(name)
         if queue is None:
-            queue = self._by_task[name] = self.app.route(name).name
+            if name in self.app.tasks:
+                queue = self._by_task[name] = self.app.route(name).name
+            else:
+                queue = self._route_unknown(name)
         return {"queue": queue}
+
+    def _known_compute(self, name: str) -> Compute | None:
+        if name in self.app.tasks:
+            return self.app.effective_compute(name)
+        entry = self.app.task_directory.get(name)
+        return entry.effective if entry is not None else None
+
+    def _route_unknown(self, name: str) -> str:
+        entry = self.app.task_directory.get(name)
+        if entry is not None:
+            return self.app.catalog.route(entry.effective, name).name
+        default = self.app.catalog.default_class.name
+        if name not in self._unknown:
+            self._unknown.add(name)
+            log.warning("task %s is not registered here nor by any worker in the task catalog; sending it to "
+                        "the default class %s (a worker that has it forwards it to the class it needs)", name, default)
+        return default
+
+    def _check_holds(self, name: str, compute: Compute | None, queue: str) -> None:
+        slot = self.app.catalog.get(queue).slot
+        if compute is None or compute.fits_in(slot):
+            return
+        holding = [rc.name for rc in self.app.catalog if compute.fits_in(rc.slot)]
+        raise NoQueueFits(f"task {name} needs {compute.describe()} but queue {queue!r} holds {slot.describe()}; "
+                          f"send it without queue= or to a class that holds it: {', '.join(holding) or 'none'}")

@@ -27,12 +27,15 @@ class ComputeTask(Task):
     In the pool process, before the task runs, its attempt is claimed in the delivery ledger
     (a redelivery of an attempt whose worker died is ended by the policy, not blindly re-run);
     exceptions the task raises are handled here too. Pool processes that die are handled by
-    ``Request`` (:class:`ComputeRequest`) in the worker's main process.
+    ``Request`` (:class:`ComputeRequest`) in the worker's main process, and messages its class
+    cannot hold by ``Strategy`` there (:mod:`sluice.workers.admission`).
     """
 
     compute: Compute | None = None
     retry_policy: RetryPolicy | None = None
     Request = ComputeRequest
+    #: Celery's per-task message handler, behind admission (a task its class cannot hold is forwarded)
+    Strategy = "sluice.workers.admission:strategy"
     _warned_eager: bool = False
 
     @property

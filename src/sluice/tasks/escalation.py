@@ -18,7 +18,7 @@ from kombu import Queue
 from sluice import keys
 from sluice.compute import Compute
 from sluice.errors import AttemptFailed, MemoryExhausted, RetriesExhausted, TaskFailed
-from sluice.headers import Headers
+from sluice.headers import FORWARDED, Headers
 from sluice.tasks.history import append as append_history
 from sluice.tasks.retry import (
     Reason,
@@ -82,8 +82,8 @@ def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reaso
     if decision.retry:
         target = next_queue(task, attempt, decision.compute, reason, worker)
         travelling = policy if policy is not task.retry_policy else None  # a per-message policy travels on
-        headers = {**(context.headers or {}), **Headers(attempt.number + 1, decision.compute, travelling,
-                                                         attempt.sticky).encode()}
+        inherited = {k: v for k, v in (context.headers or {}).items() if k != FORWARDED}  # a new attempt, a new trail
+        headers = {**inherited, **Headers(attempt.number + 1, decision.compute, travelling, attempt.sticky).encode()}
         task.signature_from_request(context, queue=target, headers=headers,
                                     countdown=decision.countdown or None).apply_async()
         if decision.compute != attempt.compute:

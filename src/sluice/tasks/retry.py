@@ -132,6 +132,13 @@ class RetryPolicy:
     def max_attempts(self) -> int:
         return self.max_retries + 1
 
+    def describe(self) -> str:
+        """Short human form for tables: ``3 retries on OOM, memory x2 up to 64Gi``."""
+        text = f"{self.max_retries} retries on {self.retry_on.name}"
+        if self.escalate is not None:
+            text += f", memory x{self.escalate.factor:g} up to {format_memory(self.escalate.max_memory_bytes)}"
+        return text
+
     def retries(self, reason: Reason) -> bool:
         return reason in _RETRIED[self.retry_on]
 

@@ -1,4 +1,5 @@
-"""The sluice worker bootstep: sizing, the GPU check, the memory watchdog and the heartbeat.
+"""The sluice worker bootstep: sizing, the GPU check, the intake, the memory watchdog and the
+heartbeat (which also publishes the worker's tasks to the task catalog).
 
 It is added to every :class:`sluice.App`'s worker blueprint, so ``celery -A app worker -Q
 highmem`` gets exactly what ``sluice worker --queue highmem`` gets. As Celery's own steps do
@@ -8,6 +9,7 @@ capabilities add their heartbeat fields (:meth:`SluiceWorkerStep.add_heartbeat_f
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import uuid
@@ -18,6 +20,7 @@ from celery import bootsteps
 from celery.worker import state
 
 from sluice.errors import GpuUnavailable
+from sluice.queues import task_catalog
 from sluice.queues.catalog import ResourceClass
 from sluice.tasks.escalation import Attempt
 from sluice.workers.gpu import gpu_count
@@ -50,6 +53,9 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
                 "or pass --allow-no-gpu for development")
         if len(self.classes) == 1 and not kwargs.get("concurrency") and not kwargs.get("autoscale"):
             worker.concurrency = worker.min_concurrency = self.classes[0].slots
+        self.allow_no_gpu = allow_no_gpu
+        self.intake = self.app.settings.intake_queue
+        self.app.amqp.queues.select_add(self.intake)  # every worker drains the intake (see workers/admission)
         self._limits: dict[str, Watched] = {}
         self._heartbeat_fields: list[Callable[[], Mapping[str, Any]]] = []
         self.app.worker_instance = self.instance = uuid.uuid4().hex
@@ -63,7 +69,9 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         client, settings = self.app.redis, self.app.settings
         self.threads = [
-            Heartbeat(client, worker.hostname, lambda: self._payload(worker), settings.heartbeat_interval),
+            Heartbeat(client, worker.hostname, lambda: self._payload(worker), settings.heartbeat_interval,
+                      also=functools.partial(task_catalog.publish, entries=task_catalog.entries_of(
+                          self.app, worker.hostname))),
             MemoryWatchdog(self._running, client, worker.hostname, settings.watchdog_interval,
                            on_dead=lambda: self._pool_process_died(worker)),
             OrphanReaper(self.app, client, self.instance, settings.reaper_interval, settings.orphan_grace),

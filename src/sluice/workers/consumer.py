@@ -1,4 +1,6 @@
-"""SluiceConsumer: Celery's consumer, which keeps every message it cannot run as a dead letter.
+"""SluiceConsumer: Celery's consumer, which keeps every message it cannot run as a dead letter,
+forwards a task it lacks the code of where the task catalog says it fits, and refuses to
+consume a class it cannot serve (``add_consumer``; see ``sluice.workers.admission``).
 
 Celery rejects (and so deletes) a message it cannot decode, one without a task envelope, one
 naming a task this worker has not registered and one whose fields are invalid. sluice keeps a
@@ -19,6 +21,8 @@ from celery.worker.consumer import Consumer
 from kombu.utils.json import dumps
 
 from sluice import _kombu, transport
+from sluice.headers import Headers
+from sluice.workers import admission
 
 log = logging.getLogger("sluice.worker")
 
@@ -35,8 +39,35 @@ class SluiceConsumer(Consumer):
         super().on_unknown_message(body, message)
 
     def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        if self._forward_by_catalog(message):
+            return
         self._keep(message, f"unregistered task {exc}")
         super().on_unknown_task(body, message, exc)
+
+    def add_task_queue(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        """Celery's ``add_consumer``, refused for a class this worker cannot serve (admission)."""
+        refusal = admission.queue_refusal(self.controller.sluice, queue)
+        if refusal is not None:
+            log.error("not consuming from %s: %s", queue, refusal)
+            return
+        super().add_task_queue(queue, *args, **kwargs)
+
+    def _forward_by_catalog(self, message: Any) -> bool:
+        """A task this worker lacks the code of, on a queue that is not its class (the intake, a
+        wrong class), goes where the task catalog says it fits; True when it was forwarded."""
+        headers = message.headers or {}
+        source = admission.source_queue(message)
+        entry = self.app.task_directory.get(str(headers.get("task")))
+        if entry is None:
+            return False
+        parsed = Headers.read(headers)
+        compute = parsed.compute.inherit(self.app.default_compute) if parsed.compute is not None else entry.effective
+        verdict = admission.decide(entry.name, compute, source, self.app.catalog, self.app.settings.intake_queue,
+                                   parsed.forwarded)
+        if verdict.forward_to is None:
+            return False
+        admission.forward(self.app, message, entry.name, compute, verdict.forward_to)
+        return True
 
     def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
         self._keep(message, f"invalid task message: {type(exc).__name__}: {exc}")

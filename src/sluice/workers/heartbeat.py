@@ -61,15 +61,24 @@ class Heartbeat(Periodic):
     tick_first = True
 
     def __init__(self, client: redis.Redis, hostname: str, payload: Callable[[], WorkerBeat],
-                 interval: float = 2.0) -> None:
+                 interval: float = 2.0, also: Callable[[Any], None] | None = None, also_every: int = 15) -> None:
+        """``also(pipeline)`` adds writes to the first beat and every ``also_every``-th after it
+        (the task catalog), in the same round trip."""
         super().__init__("sluice-heartbeat", interval)
         self.client = client
         self.key = keys.worker_heartbeat(hostname)
         self.payload = payload
+        self.also, self.also_every = also, also_every
+        self._beats = 0
 
     def tick(self) -> None:
         body = replace(self.payload(), ts=time.time()).encode()
-        self.client.set(self.key, body, px=int(self.interval * self.TTL_BEATS * 1000))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self.key, body, px=int(self.interval * self.TTL_BEATS * 1000))
+        if self.also is not None and self._beats % self.also_every == 0:
+            self.also(pipe)
+        pipe.execute()
+        self._beats += 1
 
     def stop(self) -> None:
         """Stop beating and remove the key, so the worker is offline at once, not after the TTL."""

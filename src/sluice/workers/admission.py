@@ -1,0 +1,131 @@
+"""Admission: a worker runs only what its class can hold, and forwards the rest.
+
+Routing at publish is an optimisation: a sender may lack the task's code, be a plain Celery
+client, or name a queue by hand, and ``celery control add_consumer`` can point a worker at any
+queue. Admission is the guarantee. Every message is judged before Celery makes a request of it
+(the task's ``Strategy``, Celery's per-task message handler):
+
+* from the intake queue (Celery's default queue, where plain Celery clients publish): forwarded
+  to the smallest class that fits the task;
+* from a resource class whose slot cannot hold the task's effective compute (a 4Gi task on a
+  2Gi ``cpu`` queue, a gpu task on a cpu queue): forwarded to the smallest class that fits;
+* from any other queue (a batch run's private queue, a worker's own queue): run.
+
+The forward keeps the task id and headers and is one atomic move in Redis (``forward.lua``):
+the message is never lost nor in two queues. A task no class can hold fails with
+:class:`NoQueueFits`, and so does a forward back to a queue the message was already forwarded
+from (workers whose class settings disagree), so a forward cannot loop. A worker also refuses to
+consume a class its own size cannot serve (:func:`queue_refusal`, for ``add_consumer``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from celery.worker.strategy import default as celery_strategy
+
+from sluice import transport
+from sluice.compute import Compute
+from sluice.errors import NoQueueFits
+from sluice.headers import FORWARDED, Headers
+from sluice.queues.catalog import Catalog
+from sluice.workers.gpu import gpu_count
+
+log = logging.getLogger("sluice.worker")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Run the message here (neither field set), forward it, or fail its task."""
+
+    forward_to: str | None = None
+    error: NoQueueFits | None = None
+
+
+RUN = Verdict()
+
+
+def decide(name: str, compute: Compute, source: str, catalog: Catalog, intake: str,
+           trail: tuple[str, ...] = ()) -> Verdict:
+    """What to do with a message of task ``name`` that came from queue ``source``; ``trail``:
+    the queues it was forwarded from before."""
+    if source != intake and (source not in catalog or compute.fits_in(catalog.get(source).slot)):
+        return RUN
+    try:
+        target = catalog.route(compute, name).name
+    except NoQueueFits as exc:
+        return Verdict(error=exc)
+    if target in trail:
+        return Verdict(error=NoQueueFits(
+            f"task {name} with {compute.describe()} was forwarded in a loop ({' -> '.join((*trail, source, target))}); "
+            "the workers' resource class settings disagree"))
+    return Verdict(forward_to=target)
+
+
+def source_queue(message: Any) -> str:
+    """The queue a message was fetched from."""
+    info = message.delivery_info or {}
+    return str(info.get(transport.SOURCE_QUEUE) or info.get("routing_key") or "")
+
+
+def forward(app: Any, message: Any, name: str, compute: Compute, target: str) -> None:
+    """Move the held message to ``target`` (same id, its headers plus the trail) and say so."""
+    source = source_queue(message)
+    headers = dict(message.headers or {})
+    headers[FORWARDED] = [*Headers.read(headers).forwarded, source]
+    moved = message.channel.forward(message, target, headers)
+    task_id = headers.get("id", "?")
+    if not moved:
+        log.warning("task %s[%s]: not forwarded, the message was restored to %s meanwhile", name, task_id, source)
+        return
+    if source in app.catalog:
+        why = f"class {source} holds {app.catalog.get(source).slot.describe()}"
+    else:
+        why = f"it came from the intake queue {source}"
+    log.info("task %s[%s] needs %s, %s: forwarded to %s", name, task_id, compute.describe(), why, target)
+
+
+def fail(task: Any, message: Any, error: NoQueueFits) -> None:
+    """End the task with ``error`` stored as its result (its caller's ``.get()`` raises it)."""
+    task_id = (message.headers or {}).get("id")
+    log.error("task %s[%s] failed without running: %s", task.name, task_id, error)
+    task.backend.mark_as_failure(task_id, error)
+    message.ack()
+
+
+def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
+    """``ComputeTask.Strategy``: Celery's message handler for ``task``, behind admission."""
+    handle = celery_strategy(task, app, consumer, **kwargs)
+    catalog, intake, default = app.catalog, app.settings.intake_queue, app.effective_compute(task.name)
+
+    def admit(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **options: Any) -> Any:
+        source = source_queue(message)
+        if source != intake and source not in catalog:
+            return handle(message, body, ack, reject, callbacks, **options)
+        headers = Headers.read(message.headers or {})
+        compute = headers.compute.inherit(app.default_compute) if headers.compute is not None else default
+        verdict = decide(task.name, compute, source, catalog, intake, headers.forwarded)
+        if verdict.forward_to is not None:
+            return forward(app, message, task.name, compute, verdict.forward_to)
+        if verdict.error is not None:
+            return fail(task, message, verdict.error)
+        return handle(message, body, ack, reject, callbacks, **options)
+
+    return admit
+
+
+def queue_refusal(step: Any, queue: str) -> str | None:
+    """Why this worker must not consume ``queue`` (None: it may): a class whose slot is bigger
+    than every class the worker was started for, or a gpu class on a machine without a GPU."""
+    catalog = step.app.catalog
+    if queue not in catalog:
+        return None
+    wanted = catalog.get(queue)
+    if wanted.is_gpu and not step.allow_no_gpu and gpu_count() == 0:
+        return f"class {queue} needs a GPU and this machine has none"
+    if step.classes and not any(wanted.slot.fits_in(own.slot) for own in step.classes):
+        return (f"class {queue} has slots of {wanted.slot.describe()}, bigger than this worker's "
+                f"({'; '.join(own.describe() for own in step.classes)})")
+    return None
