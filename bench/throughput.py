@@ -1,8 +1,11 @@
 """10,000 no-op tasks through sluice and through stock Celery with its defaults (what a user would
 pick instead: early acks, prefetch 4, no sent events): same redis-server, same worker (prefork,
--c 2), run one after the other, alternated.
+-c 2), run one after the other, alternated. A third kind, ``intake``, is the same sluice worker
+fed by a plain Celery client publishing to Celery's default queue: every task goes through the
+intake and is forwarded (admission) to the cpu class before it runs.
 
-Prints one JSON line: tasks/s for each and the ratio sluice/stock (goal: >= 0.9).
+Prints one JSON line: tasks/s for each, the ratio sluice/stock (goal: >= 0.9) and the ratio
+intake/direct (what the forward costs).
 Usage: python bench/throughput.py [--tasks 10000] [--rounds 2]
 """
 
@@ -26,12 +29,11 @@ def run_round(kind: str, tasks: int, env: dict[str, str]) -> float:
     """Start one worker, push ``tasks`` no-ops through it, return tasks/s end to end."""
     from bench import apps
 
-    app, task, queue = ((apps.sluice_app, apps.noop, "cpu") if kind == "sluice"
-                        else (apps.plain_app, apps.plain_noop, "celery"))
+    app, task = (apps.sluice_app, apps.noop) if kind == "sluice" else (apps.plain_app, apps.plain_noop)
     client = apps.sluice_app.redis
     client.flushdb()
-    cmd = ([sys.executable, "-m", "sluice", "worker", "-A", "bench.apps:sluice_app", "--queue", "cpu"]
-           if kind == "sluice" else [sys.executable, "-m", "celery", "-A", "bench.apps:plain_app", "worker", "-Q", queue])
+    cmd = ([sys.executable, "-m", "celery", "-A", "bench.apps:plain_app", "worker", "-Q", "celery"] if kind == "plain"
+           else [sys.executable, "-m", "sluice", "worker", "-A", "bench.apps:sluice_app", "--queue", "cpu"])
     worker = subprocess.Popen([*cmd, "-c", "2", "-P", "prefork", "--without-mingle", "--without-gossip",
                                "--loglevel", "WARNING", "-n", f"{kind}@bench"],
                               cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -67,14 +69,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp)) as server:
         os.environ["SLUICE_BROKER_URL"] = server.url
         env = os.environ | {"PYTHONPATH": str(ROOT)}
-        rates: dict[str, list[float]] = {"plain": [], "sluice": []}
+        rates: dict[str, list[float]] = {"plain": [], "sluice": [], "intake": []}
         for _ in range(args.rounds):
-            for kind in ("plain", "sluice"):
+            for kind in rates:
                 rates[kind].append(run_round(kind, args.tasks, env))
-    plain, ours = statistics.median(rates["plain"]), statistics.median(rates["sluice"])
+    plain, ours, intake = (statistics.median(rates[kind]) for kind in ("plain", "sluice", "intake"))
     print(json.dumps({"benchmark": "throughput", "tasks": args.tasks, "rounds": args.rounds,
                       "stock_celery_tasks_per_s": round(plain, 1), "sluice_tasks_per_s": round(ours, 1),
-                      "ratio": round(ours / plain, 3), "goal_ratio": 0.9}))
+                      "ratio": round(ours / plain, 3), "goal_ratio": 0.9,
+                      "sluice_via_intake_tasks_per_s": round(intake, 1), "intake_vs_direct": round(intake / ours, 3)}))
 
 
 if __name__ == "__main__":
