@@ -23,7 +23,7 @@ from celery import Celery
 
 import sluice
 from sluice import App, keys
-from sluice._kombu import RedisLayout
+from sluice._kombu import DeadLetter, RedisLayout
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.deploy.metrics import ClassMetrics
 from sluice.errors import NoQueueFits
@@ -207,3 +207,20 @@ def test_explain_without_an_app_reads_the_task_catalog(cluster: Cluster) -> None
     assert "memory=140Mi" in grows and "2 retries on OOM, memory x2 up to 600Mi" in grows and "small" in grows
     wide = next(line for line in explain.stdout.splitlines() if f"{TASK}wide" in line)
     assert "big" in wide and "@test" in wide      # routed by these settings' classes; published by a worker
+
+
+def test_bad_sluice_headers_are_a_dead_letter_and_the_worker_serves_on(cluster: Cluster) -> None:
+    """Headers admission must read (a compute that is not one, a forward trail that is not a
+    list) arrive from the intake and from a class: each message is kept as a dead letter with
+    the reason, and the same workers then run a good task."""
+    bad = [cluster.plain.send_task(TASK + "where", headers={"sluice_compute": {"memory": "lots"}}),
+           cluster.plain.send_task(TASK + "where", queue="small", headers={"sluice_forwarded": 42})]
+    wanted = {r.id for r in bad}
+
+    def kept() -> set[str]:
+        letters = [DeadLetter.decode(raw) for queue in ("celery", "small")
+                   for raw in cluster.client.lrange(keys.dead_letters(queue), 0, -1)]
+        return {letter.task_id for letter in letters if "invalid sluice headers" in letter.reason} & wanted
+
+    wait_for(lambda: kept() == wanted, 30, "both messages kept as dead letters")
+    assert cluster.plain.send_task(TASK + "where").get(timeout=30)["queue"] == "small"

@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from celery.exceptions import InvalidTaskError
 from celery.worker.strategy import default as celery_strategy
 
 from sluice import transport
@@ -74,7 +75,7 @@ def forward(app: Any, message: Any, name: str, compute: Compute, target: str) ->
     """Move the held message to ``target`` (same id, its headers plus the trail) and say so."""
     source = source_queue(message)
     headers = dict(message.headers or {})
-    headers[FORWARDED] = [*Headers.read(headers).forwarded, source]
+    headers[FORWARDED] = [*read_headers(message).forwarded, source]
     moved = message.channel.forward(message, target, headers)
     task_id = headers.get("id", "?")
     if not moved:
@@ -95,6 +96,15 @@ def fail(task: Any, message: Any, error: NoQueueFits) -> None:
     message.ack()
 
 
+def read_headers(message: Any) -> Headers:
+    """A message's sluice headers; bad ones are Celery's InvalidTaskError, which its consumer
+    handles (sluice's keeps a dead letter) instead of stopping the worker."""
+    try:
+        return Headers.read(message.headers or {})
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # ConfigurationError is a ValueError
+        raise InvalidTaskError(f"invalid sluice headers: {type(exc).__name__}: {exc}") from None
+
+
 def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     """``ComputeTask.Strategy``: Celery's message handler for ``task``, behind admission."""
     handle = celery_strategy(task, app, consumer, **kwargs)
@@ -104,14 +114,20 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
         source = source_queue(message)
         if source != intake and source not in catalog:
             return handle(message, body, ack, reject, callbacks, **options)
-        headers = Headers.read(message.headers or {})
+        headers = read_headers(message)
         compute = headers.compute.inherit(app.default_compute) if headers.compute is not None else default
         verdict = decide(task.name, compute, source, catalog, intake, headers.forwarded)
-        if verdict.forward_to is not None:
-            return forward(app, message, task.name, compute, verdict.forward_to)
-        if verdict.error is not None:
-            return fail(task, message, verdict.error)
-        return handle(message, body, ack, reject, callbacks, **options)
+        if verdict is RUN:
+            return handle(message, body, ack, reject, callbacks, **options)
+        try:
+            if verdict.forward_to is not None:
+                return forward(app, message, task.name, compute, verdict.forward_to)
+            return fail(task, message, verdict.error)  # type: ignore[arg-type]  # not RUN, not a forward
+        except consumer.connection_errors:
+            raise
+        except Exception as exc:  # sluice's own code: keep the message as a dead letter, never stop the worker
+            log.exception("task %s: could not act on admission's verdict %s", task.name, verdict)
+            raise InvalidTaskError(f"sluice could not forward or fail this message: {type(exc).__name__}: {exc}") from exc
 
     return admit
 

@@ -21,7 +21,6 @@ from celery.worker.consumer import Consumer
 from kombu.utils.json import dumps
 
 from sluice import _kombu, transport
-from sluice.headers import Headers
 from sluice.workers import admission
 
 log = logging.getLogger("sluice.worker")
@@ -39,8 +38,13 @@ class SluiceConsumer(Consumer):
         super().on_unknown_message(body, message)
 
     def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
-        if self._forward_by_catalog(message):
-            return
+        try:
+            if self._forward_by_catalog(message):
+                return
+        except self.connection_errors:
+            raise
+        except Exception:  # bad headers, an unreadable catalog: kept as a dead letter below
+            log.exception("could not forward unregistered task message %s by the task catalog", message.delivery_tag)
         self._keep(message, f"unregistered task {exc}")
         super().on_unknown_task(body, message, exc)
 
@@ -60,7 +64,7 @@ class SluiceConsumer(Consumer):
         entry = self.app.task_directory.get(str(headers.get("task")))
         if entry is None:
             return False
-        parsed = Headers.read(headers)
+        parsed = admission.read_headers(message)
         compute = parsed.compute.inherit(self.app.default_compute) if parsed.compute is not None else entry.effective
         verdict = admission.decide(entry.name, compute, source, self.app.catalog, self.app.settings.intake_queue,
                                    parsed.forwarded)
