@@ -15,11 +15,12 @@ from celery import Celery, Task
 import sluice
 from sluice import redis_client, transport
 from sluice.compute import Compute
-from sluice.config import Settings, embedded_broker_url
+from sluice.config import Settings, embedded_broker_url, fallback_memory
 from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.routing import ComputeRouter
 from sluice.queues.task_catalog import TaskDirectory
+from sluice.tasks import memory_profile
 from sluice.tasks.base import ComputeTask
 from sluice.tasks.retry import RetryPolicy
 from sluice.workers.bootstep import SluiceWorkerStep
@@ -108,7 +109,7 @@ class App(Celery):
         self.settings = settings
         self.default_compute = (default_compute or Compute()).inherit(settings.default_compute)
         self.catalog = Catalog(classes) if classes is not None else settings.catalog
-        self.catalog.route(self.default_compute, "the app's default compute")
+        self.catalog.route(self.unlearned(self.default_compute), "the app's default compute")
         broker = broker or settings.broker_url or embedded_broker_url(settings.home) or FALLBACK_BROKER
         _check_redis_url(broker)
         super().__init__(main, broker=broker, backend=backend or settings.result_backend or broker,
@@ -154,16 +155,48 @@ class App(Celery):
             raise ConfigurationError(f"{name}: compute={compute!r} must be a sluice.Compute, e.g. Compute(memory='8Gi')")
         if policy is not None and not isinstance(policy, RetryPolicy):
             raise ConfigurationError(f"{name}: retry={policy!r} must be a sluice.RetryPolicy")
-        effective = (compute or Compute()).inherit(self.default_compute)
+        effective = self.unlearned((compute or Compute()).inherit(self.default_compute))
         self.catalog.route(effective, name)
         if policy is not None:
             policy.check(effective, self.catalog, name)
 
-    def effective_compute(self, task_name: str) -> Compute:
-        """The compute a task runs with: its declared axes over the app's default compute."""
+    def inherited_compute(self, task_name: str) -> Compute:
+        """A task's declared axes over the app's default compute (memory may still be "auto")."""
         task = self.tasks.get(task_name)
         declared = getattr(task, "compute", None) or Compute()
         return declared.inherit(self.default_compute)
+
+    def effective_compute(self, task_name: str) -> Compute:
+        """The compute a task runs with: its declared axes over the app's default compute, with
+        ``memory="auto"`` resolved from the task's observed runs (see :meth:`resolve`)."""
+        return self.resolve(task_name, self.inherited_compute(task_name))
+
+    def resolve(self, task_name: str, compute: Compute) -> Compute:
+        """``compute`` with "auto" memory replaced by the size learned from ``task_name``'s runs
+        (``sluice.tasks.memory_profile``), or the default memory until it has enough of them."""
+        if not compute.auto_memory:
+            return compute
+        return memory_profile.with_learned_memory(compute, self.memory_profiles.get(task_name), self.settings,
+                                                  self.fallback_memory)
+
+    def unlearned(self, compute: Compute) -> Compute:
+        """``compute`` with "auto" memory replaced by the default memory (no observations used)."""
+        return compute.replace(memory_bytes=self.fallback_memory) if compute.auto_memory else compute
+
+    @property
+    def fallback_memory(self) -> int:
+        """What "auto" memory runs with until it is learned: the app's default memory, else the
+        configured one, else the built-in 512Mi."""
+        return fallback_memory(self.default_compute, self.settings)
+
+    def memory_profile(self, task_name: str) -> memory_profile.MemoryProfile:
+        """What the workers observed of a task's memory: runs, p50, p95 and peak (bytes), kills."""
+        return memory_profile.read(self.redis, task_name)
+
+    @functools.cached_property
+    def memory_profiles(self) -> memory_profile.ProfileCache:
+        """Observed memory, cached here: resolves ``memory="auto"`` without a round trip per task."""
+        return memory_profile.ProfileCache(lambda: self.redis)
 
     def route(self, task_name: str) -> ResourceClass:
         """The resource class a task is routed to."""

@@ -18,11 +18,14 @@ from rich.table import Table
 from sluice import redis_client
 from sluice.app import App
 from sluice.client.batch.cli import compute
-from sluice.config import Settings, embedded_broker_url
+from sluice.compute import Compute
+from sluice.config import Settings, embedded_broker_url, fallback_memory
 from sluice.deploy.commands import autoscale, deploy, metrics
 from sluice.errors import BrokerUnavailable, NoQueueFits, SluiceError
+from sluice.units import format_size
 from sluice.queues.catalog import Catalog
 from sluice.queues.commands import dead_letters_group
+from sluice.tasks.commands import profile_group
 from sluice.workers.gpu import gpu_count
 
 console = Console()
@@ -197,16 +200,20 @@ def status(app_name: str | None) -> None:
               help="With -A: read the tasks from the cluster's task catalog instead of the app's code "
                    "(the app's classes still route them).")
 def explain(app_name: str | None, from_cluster: bool) -> None:
-    """For each task: declared compute, effective compute, retry policy and the class it routes to."""
+    """For each task: declared compute, effective compute, retry policy, the class it routes to,
+    and the memory its runs were observed to use (p50/p95/peak, runs), flagged when the declared
+    memory is over twice the p95 (over-provisioned) or runs were killed for memory."""
     from sluice.queues import task_catalog
+    from sluice.tasks import memory_profile
 
-    if app_name and not from_cluster:
-        app = load_app(app_name)
-        catalog, source = app.catalog, f"routing for {app_name}"
+    from_code = bool(app_name) and not from_cluster
+    if from_code:
+        app = load_app(str(app_name))
+        broker = Broker(redis_client.connect(app.conf.broker_url, wait_out_outages=False, socket_timeout=2),
+                        app.catalog, app.settings)
         entries = task_catalog.entries_of(app, "this code")
     else:
         broker = broker_client(app_name)
-        catalog, source = broker.catalog, "routing of the cluster's task catalog"
         try:
             entries = list(task_catalog.read(broker.client).values())
         except redis.RedisError as exc:
@@ -214,23 +221,42 @@ def explain(app_name: str | None, from_cluster: bool) -> None:
         if not entries:
             raise click.ClickException("the task catalog is empty: no sluice worker has started against this "
                                        "broker yet (give -A to read an app's code instead)")
-    table = Table(title=source)
-    for column in ("task", "declared", "effective", "retry", "class", *(() if app_name and not from_cluster
-                                                                       else ("published by",))):
+    table = Table(title=f"routing for {app_name}" if from_code else "routing of the cluster's task catalog")
+    for column in ("task", "declared", "effective", "retry", "class", "observed p50/p95/peak (runs)", "flag",
+                   *(() if from_code else ("published by",))):
         table.add_column(column)
     for entry in sorted(entries, key=lambda e: e.name):
         try:
-            where = catalog.route(entry.effective, entry.name).name
+            observed = memory_profile.read(broker.client, entry.name)
+        except redis.RedisError:
+            observed = None
+        effective = memory_profile.with_learned_memory(
+            entry.effective, observed or memory_profile.EMPTY, broker.settings,
+            app.fallback_memory if from_code else fallback_memory(Compute(), broker.settings))
+        try:
+            where = broker.catalog.route(effective, entry.name).name
         except NoQueueFits:
             where = "[red]no class fits[/red]"
-        retry = entry.retry.describe() if entry.retry is not None else "-"
-        cells = [entry.name, entry.declared.describe() if entry.declared else "(default)", entry.effective.describe(),
-                 retry, where]
-        if not (app_name and not from_cluster):
+        cells = [entry.name, entry.declared.describe() if entry.declared else "(default)", effective.describe(),
+                 entry.retry.describe() if entry.retry is not None else "-", where, *_observed(observed, effective)]
+        if not from_code:
             cells.append(f"{entry.worker}, {format_age(time.time() - entry.at)} ago")
         table.add_row(*cells)
     console.print(table)
-    console.print("classes, smallest first: " + "; ".join(rc.describe() for rc in catalog))
+    console.print("classes, smallest first: " + "; ".join(rc.describe() for rc in broker.catalog))
+
+
+def _observed(profile: Any, effective: Any) -> tuple[str, str]:
+    """The observed-memory and flag cells of `sluice explain`."""
+    if profile is None or not profile.count:
+        return "-", ""
+    sizes = "/".join(format_size(v) for v in (profile.p50, profile.p95, profile.peak))
+    flags = []
+    if effective.memory_bytes and effective.memory_bytes > 2 * profile.p95:
+        flags.append("over-provisioned")
+    if profile.kills:
+        flags.append(f"under-provisioned: {profile.kills} memory kill(s)")
+    return f"{sizes} ({profile.count})", ", ".join(flags)
 
 
 def format_age(seconds: float) -> str:
@@ -292,6 +318,7 @@ main.add_command(deploy)
 main.add_command(autoscale)
 main.add_command(metrics)
 main.add_command(dead_letters_group)
+main.add_command(profile_group)
 
 
 def run() -> None:

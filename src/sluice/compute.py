@@ -9,6 +9,8 @@ from sluice.units import format_cpu, format_memory, parse_cpu, parse_memory
 
 #: More GPUs than any one machine has: a larger count is a typo.
 MAX_GPUS = 1024
+#: ``Compute(memory=AUTO)``: memory learned from the task's runs.
+AUTO = "auto"
 GPU_FORMS = f'a whole count from 0 to {MAX_GPUS} as an int or a string (0, 1, "2")'
 
 
@@ -28,20 +30,28 @@ class Compute:
 
     Frozen and hashable. Any axis left ``None`` is inherited from a default with
     :meth:`inherit`, so ``Compute(memory="32Gi")`` bumps only memory. Values are validated
-    here, at construction, so a typo fails where the task is declared.
+    here, at construction, so a typo fails where the task is declared. ``memory="auto"`` asks
+    for memory learned from the task's own runs (``auto_memory``; ``memory_bytes`` stays None
+    until the app resolves it, see ``sluice.tasks.memory_profile``).
     """
 
-    __slots__ = ("millicores", "memory_bytes", "gpu")
+    __slots__ = ("millicores", "memory_bytes", "gpu", "auto_memory")
 
     millicores: int | None
     memory_bytes: int | None
     gpu: int | None
+    auto_memory: bool
 
     def __init__(self, cpu: str | int | float | None = None, memory: str | int | None = None,
                  gpu: str | int | None = None) -> None:
+        auto = isinstance(memory, str) and memory.strip() == AUTO
         object.__setattr__(self, "millicores", None if cpu is None else parse_cpu(cpu))
-        object.__setattr__(self, "memory_bytes", None if memory is None else parse_memory(memory))
+        try:
+            object.__setattr__(self, "memory_bytes", None if memory is None or auto else parse_memory(memory))
+        except ConfigurationError as exc:
+            raise ConfigurationError(f'{exc}; or "{AUTO}" (learned from the task\'s runs)') from None
         object.__setattr__(self, "gpu", None if gpu is None else parse_gpu(gpu))
+        object.__setattr__(self, "auto_memory", auto)
 
     @classmethod
     def of(cls, millicores: int | None = None, memory_bytes: int | None = None,
@@ -50,7 +60,7 @@ class Compute:
         return cls(cpu=None if millicores is None else f"{millicores}m", memory=memory_bytes, gpu=gpu)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Compute.of, self._key())
+        return (Compute, (self.cpu, self.memory, self.gpu))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Compute is frozen; use inherit() or replace() to derive a new one ({name})")
@@ -62,16 +72,17 @@ class Compute:
 
     @property
     def memory(self) -> str | None:
-        """The memory axis as a canonical Kubernetes string ("32Gi")."""
+        """The memory axis as a canonical Kubernetes string ("32Gi"), or "auto"."""
+        if self.auto_memory:
+            return AUTO
         return None if self.memory_bytes is None else format_memory(self.memory_bytes)
 
     def inherit(self, default: Compute) -> Compute:
-        """Fill each unset axis from ``default``; set axes win."""
-        return Compute.of(
-            self.millicores if self.millicores is not None else default.millicores,
-            self.memory_bytes if self.memory_bytes is not None else default.memory_bytes,
-            self.gpu if self.gpu is not None else default.gpu,
-        )
+        """Fill each unset axis from ``default``; set axes (``memory="auto"`` too) win."""
+        own_memory = self.memory_bytes is not None or self.auto_memory
+        return Compute(cpu=self.cpu if self.millicores is not None else default.cpu,
+                       memory=self.memory if own_memory else default.memory,
+                       gpu=self.gpu if self.gpu is not None else default.gpu)
 
     def replace(self, *, memory_bytes: int | None = None) -> Compute:
         """A copy with the given axes changed (escalation grows memory this way)."""
@@ -103,8 +114,8 @@ class Compute:
             raise ConfigurationError(f"unknown compute axes {sorted(unknown)}; accepted: cpu, memory, gpu")
         return cls(**data)
 
-    def _key(self) -> tuple[int | None, int | None, int | None]:
-        return (self.millicores, self.memory_bytes, self.gpu)
+    def _key(self) -> tuple[int | None, int | None, int | None, bool]:
+        return (self.millicores, self.memory_bytes, self.gpu, self.auto_memory)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Compute) and self._key() == other._key()

@@ -29,13 +29,16 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from sluice.compute import Compute
 from sluice.errors import ConfigurationError
 from sluice.queues.catalog import CLASS_KEYS, Catalog
-from sluice.units import real_number
+from sluice.units import parse_memory, real_number
 
 log = logging.getLogger("sluice.config")
 
 SETTING_KEYS = ("broker_url", "result_backend", "default_cpu", "default_memory", "visibility_timeout",
                 "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes", "remote_secret",
-                "intake_queue")
+                "intake_queue", "auto_min_runs", "auto_headroom", "auto_floor")
+
+#: The compute of a task that declares none, unless configured ("auto" memory falls back to it too).
+BUILTIN_DEFAULT_COMPUTE = Compute(cpu="1", memory="512Mi")
 
 #: Longer than any task should run: a task still running on a live worker must never be redelivered.
 DEFAULT_VISIBILITY_TIMEOUT = 6 * 3600
@@ -62,7 +65,7 @@ class Settings:
 
     broker_url: str | None = None
     result_backend: str | None = None
-    default_compute: Compute = field(default_factory=lambda: Compute(cpu="1", memory="512Mi"))
+    default_compute: Compute = BUILTIN_DEFAULT_COMPUTE
     visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
     watchdog_interval: float = 0.05
     #: A worker beats this often; it is taken for dead after 5 missed beats.
@@ -80,6 +83,12 @@ class Settings:
     #: The queue every sluice worker also drains, forwarding each task to the class that fits it:
     #: Celery's own default queue, so a plain Celery client with its defaults reaches sluice.
     intake_queue: str = "celery"
+    #: ``memory="auto"``: runs observed before the learned size is used (until then, the default memory)
+    auto_min_runs: int = 5
+    #: ``memory="auto"``: the learned size is the observed p95 times this, rounded up to a tidy size
+    auto_headroom: float = 1.3
+    #: ``memory="auto"``: the smallest learned size, in bytes
+    auto_floor: int = 64 << 20
     #: Each capability's section, by its class (see :meth:`section`).
     sections: Mapping[type, Any] = field(default_factory=dict)
 
@@ -153,12 +162,16 @@ class Settings:
             remote_secret=text(table, "remote_secret"),
             catalog=(catalog := Catalog.merged(classes)),
             intake_queue=intake_queue(table, catalog, defaults.intake_queue),
+            auto_min_runs=bounded(table, "auto_min_runs", defaults.auto_min_runs, int, *BOUNDS["auto_min_runs"]),
+            auto_headroom=bounded(table, "auto_headroom", defaults.auto_headroom, float, *BOUNDS["auto_headroom"]),
+            auto_floor=memory_size(table, "auto_floor", defaults.auto_floor),
         )
 
 
 #: Each numeric core setting's accepted range, inclusive.
 BOUNDS = {"visibility_timeout": (1, 10 * 365 * 86_400), "watchdog_interval": (0.005, 10.0),
-          "heartbeat_interval": (0.1, 60.0), "reaper_interval": (0.1, 3600.0), "orphan_grace": (0.1, 86_400.0)}
+          "heartbeat_interval": (0.1, 60.0), "reaper_interval": (0.1, 3600.0), "orphan_grace": (0.1, 86_400.0),
+          "auto_min_runs": (1, 1_000_000), "auto_headroom": (1.0, 100.0)}
 
 
 def bounded(table: Mapping[str, Any], key: str, default: Any, kind: type, low: float, high: float,
@@ -196,6 +209,21 @@ def path(table: Mapping[str, Any], key: str) -> Path | None:
     except RuntimeError:  # "~name" of a user this machine does not have
         raise ConfigurationError(f"setting {key}: {value!r} names the home of a user this machine does not have; "
                                  "give a path (~ alone means your own home)") from None
+
+
+def fallback_memory(default: Compute, settings: Settings) -> int:
+    """The memory "auto" runs with until learned: ``default``'s, the settings', else the built-in."""
+    return next(c.memory_bytes for c in (default, settings.default_compute, BUILTIN_DEFAULT_COMPUTE) if c.memory_bytes)
+
+
+def memory_size(table: Mapping[str, Any], key: str, default: int) -> int:
+    """A memory quantity setting ("64Mi"), in bytes."""
+    if key not in table:
+        return default
+    try:
+        return parse_memory(table[key])
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"setting {key}: {exc}") from None
 
 
 def intake_queue(table: Mapping[str, Any], catalog: Catalog, default: str) -> str:

@@ -81,3 +81,13 @@ TASK_CATALOG = f"{PREFIX}tasks"
 
 #: Hash: ``"<from queue> <to queue>"`` -> how many messages workers forwarded between them.
 FORWARDED = f"{PREFIX}stats:forwarded"
+
+
+def memory_profile(task: str) -> str:
+    """Hash: a task's observed peak memory as a log-scale histogram (field ``b<i>`` -> runs) and
+    ``kills`` (memory kills). See ``sluice.tasks.memory_profile``."""
+    return f"{PREFIX}profile:{task}"
+
+
+#: Sorted set: task name -> the highest peak memory (bytes) any of its runs reached.
+MEMORY_PEAKS = f"{PREFIX}profile-peaks"

@@ -1,4 +1,4 @@
-"""Prometheus metrics per resource class, read from Redis at scrape time.
+"""Prometheus metrics per resource class and per task (observed memory), read from Redis at scrape time.
 
 Flower's ``/metrics`` has task events but no queue depth; autoscaling and alerting need both.
 Served by ``sluice autoscale`` and by ``sluice metrics`` (compose / local use).
@@ -21,6 +21,7 @@ from sluice import keys
 from sluice.queues.catalog import Catalog
 from sluice.config import Settings
 from sluice.queues.status import class_status, intake_status
+from sluice.tasks import memory_profile
 
 
 class ClassMetrics(Collector):
@@ -68,10 +69,33 @@ class ClassMetrics(Collector):
         yield forwarded
 
 
+class TaskMetrics(Collector):
+    """Observed memory per task (``sluice.tasks.memory_profile``): ``sluice_task_memory_bytes``
+    by ``task`` and ``quantile`` (p50, p95, peak), ``sluice_task_runs_observed_total`` and
+    ``sluice_task_memory_kills_total``, by task."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        sizes = GaugeMetricFamily("sluice_task_memory_bytes", "Observed peak memory of a task's runs",
+                                  labels=["task", "quantile"])
+        runs = CounterMetricFamily("sluice_task_runs_observed", "Runs whose peak memory was observed", labels=["task"])
+        kills = CounterMetricFamily("sluice_task_memory_kills", "Runs killed for memory", labels=["task"])
+        for task in memory_profile.observed_tasks(self.client):
+            found = memory_profile.read(self.client, task)
+            for quantile, value in (("p50", found.p50), ("p95", found.p95), ("peak", found.peak)):
+                sizes.add_metric([task, quantile], value)
+            runs.add_metric([task], found.count)
+            kills.add_metric([task], found.kills)
+        yield from (sizes, runs, kills)
+
+
 def serve(client: redis.Redis, catalog: Catalog, port: int, address: str = "0.0.0.0",
           intake: str = Settings.intake_queue) -> CollectorRegistry:
     """Serve ``/metrics`` on ``port`` from a background thread; returns the registry."""
     registry = CollectorRegistry()
     registry.register(ClassMetrics(client, catalog, intake))
+    registry.register(TaskMetrics(client))
     start_http_server(port, addr=address, registry=registry)
     return registry

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.compute import Compute
 from sluice.errors import NoQueueFits
-from sluice.headers import Headers
+from sluice.headers import COMPUTE, Headers
 
 if TYPE_CHECKING:
     from sluice.app import App
@@ -30,11 +30,11 @@ class ComputeRouter:
         self._unknown: set[str] = set()
 
     def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None,
-                 **_: Any) -> dict[str, str]:
+                 **_: Any) -> dict[str, Any]:
         headers = options.get("headers")
         compute = Headers.read(headers).compute if headers else None
         if compute is not None:
-            compute = compute.inherit(self.app.default_compute)
+            compute = self.app.resolve(name, compute.inherit(self.app.default_compute))
         explicit = getattr(options.get("queue"), "name", options.get("queue"))  # Celery may expand it to a Queue
         if isinstance(explicit, str) and explicit in self.app.catalog:
             self._check_holds(name, compute or self._known_compute(name), explicit)
@@ -42,23 +42,41 @@ class ComputeRouter:
         if compute is not None:
             return {"queue": self.app.catalog.route(compute, name).name}
         queue = self._by_task.get(name)
-        if queue is None:
-            if name in self.app.tasks:
-                queue = self._by_task[name] = self.app.route(name).name
-            else:
-                queue = self._route_unknown(name)
+        if queue is not None:
+            return {"queue": queue}
+        if name in self.app.tasks:
+            inherited = self.app.inherited_compute(name)
+        else:
+            entry = self.app.task_directory.get(name)
+            inherited = entry.effective if entry is not None else None
+        if inherited is None:
+            return {"queue": self._route_unknown(name)}
+        if inherited.auto_memory:   # learned: routed by the size of now, which travels with the message
+            return self._learned(name, self.app.resolve(name, inherited), options)
+        queue = self.app.catalog.route(inherited, name).name
+        if name in self.app.tasks:
+            self._by_task[name] = queue
         return {"queue": queue}
+
+    def _learned(self, name: str, compute: Compute, options: dict[str, Any]) -> dict[str, Any]:
+        """Route a ``memory="auto"`` task by its learned size, and put that size in its headers so
+        the worker holds the attempt to it (and escalates from it). Celery merges ``options``
+        over the returned route, so headers the caller gave are extended in place."""
+        route: dict[str, Any] = {"queue": self.app.catalog.route(compute, name).name}
+        stamp = {COMPUTE: compute.to_dict()}
+        if isinstance(options.get("headers"), dict):
+            options["headers"].update(stamp)
+        else:
+            route["headers"] = stamp
+        return route
 
     def _known_compute(self, name: str) -> Compute | None:
         if name in self.app.tasks:
             return self.app.effective_compute(name)
         entry = self.app.task_directory.get(name)
-        return entry.effective if entry is not None else None
+        return self.app.resolve(name, entry.effective) if entry is not None else None
 
     def _route_unknown(self, name: str) -> str:
-        entry = self.app.task_directory.get(name)
-        if entry is not None:
-            return self.app.catalog.route(entry.effective, name).name
         default = self.app.catalog.default_class.name
         if name not in self._unknown:
             self._unknown.add(name)

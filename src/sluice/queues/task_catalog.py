@@ -33,7 +33,7 @@ class TaskEntry:
 
     name: str
     declared: Compute | None   #: the task's own ``compute=`` (None: the app default)
-    effective: Compute         #: declared axes over the publishing app's default compute
+    effective: Compute         #: declared axes over the publishing app's default (memory may be "auto")
     retry: RetryPolicy | None
     worker: str                #: the worker that published it last
     at: float                  #: when (epoch seconds)
@@ -55,7 +55,7 @@ class TaskEntry:
 def entries_of(app: Any, worker: str) -> list[TaskEntry]:
     """An app's tasks as catalog entries (Celery's built-in ``celery.*`` tasks left out)."""
     now = time.time()
-    return [TaskEntry(name, getattr(task, "compute", None), app.effective_compute(name),
+    return [TaskEntry(name, getattr(task, "compute", None), app.inherited_compute(name),
                       getattr(task, "retry_policy", None), worker, now)
             for name, task in sorted(app.tasks.items()) if not name.startswith("celery.")]
 

@@ -108,14 +108,19 @@ def read_headers(message: Any) -> Headers:
 def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     """``ComputeTask.Strategy``: Celery's message handler for ``task``, behind admission."""
     handle = celery_strategy(task, app, consumer, **kwargs)
-    catalog, intake, default = app.catalog, app.settings.intake_queue, app.effective_compute(task.name)
+    catalog, intake = app.catalog, app.settings.intake_queue
+    learned = app.inherited_compute(task.name).auto_memory   # then its size is looked up per message (cached)
+    fixed = app.effective_compute(task.name)
 
     def admit(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **options: Any) -> Any:
         source = source_queue(message)
         if source != intake and source not in catalog:
             return handle(message, body, ack, reject, callbacks, **options)
         headers = read_headers(message)
-        compute = headers.compute.inherit(app.default_compute) if headers.compute is not None else default
+        if headers.compute is not None:
+            compute = headers.compute.inherit(app.default_compute)
+        else:
+            compute = app.effective_compute(task.name) if learned else fixed
         verdict = decide(task.name, compute, source, catalog, intake, headers.forwarded)
         if verdict is RUN:
             return handle(message, body, ack, reject, callbacks, **options)

@@ -65,7 +65,8 @@ class SluiceConsumer(Consumer):
         if entry is None:
             return False
         parsed = admission.read_headers(message)
-        compute = parsed.compute.inherit(self.app.default_compute) if parsed.compute is not None else entry.effective
+        compute = (parsed.compute.inherit(self.app.default_compute) if parsed.compute is not None
+                   else self.app.resolve(entry.name, entry.effective))
         verdict = admission.decide(entry.name, compute, source, self.app.catalog, self.app.settings.intake_queue,
                                    parsed.forwarded)
         if verdict.forward_to is None:

@@ -3,7 +3,8 @@
 It runs as a thread in the worker's main process. Several times a second it measures the
 resident memory of each busy pool process together with its children, and SIGKILLs the tree of
 one that exceeds its task's limit, after recording the kill in Redis so the failure (and later
-an escalation) can tell a memory kill from a crash.
+an escalation) can tell a memory kill from a crash. Each run's peak is recorded in the task's
+memory profile when the run ends (``sluice.tasks.memory_profile``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import psutil
 import redis
 
 from sluice import keys
+from sluice.tasks import memory_profile
 from sluice.units import format_size
 from sluice.workers.periodic import Periodic
 
@@ -135,6 +137,8 @@ class MemoryWatchdog(Periodic):
         self._trees: dict[int, ProcessTree] = {}
         self._first_seen: dict[str, float] = {}
         self._reported: set[int] = set()
+        self._peaks: dict[str, tuple[str, int]] = {}   #: task id -> (task name, highest rss seen)
+        self._killed: set[tuple[str, int]] = set()       #: (task id, pid) killed here: its run is observed
 
     def tick(self) -> list[MemoryKill]:
         return self.check_once()
@@ -165,6 +169,7 @@ class MemoryWatchdog(Periodic):
             self._processes.pop(pid, None)
             self._trees.pop(pid, None)
         self._reported &= live_pids
+        self._killed = {k for k in self._killed if k[1] in live_pids}
         live_ids = {w.task_id for w in watched}
         for task_id in set(self._first_seen) - live_ids:
             del self._first_seen[task_id]
@@ -175,9 +180,28 @@ class MemoryWatchdog(Periodic):
             rss = None if process is None else self._tree(process).rss(now)
             if rss is None or _zombie(process):
                 self._report_dead(item.pid)
-            elif rss > item.limit:
+                continue
+            if (item.task_id, item.pid) in self._killed:
+                continue
+            if rss > self._peaks.get(item.task_id, ("", 0))[1]:
+                self._peaks[item.task_id] = (item.task, rss)
+            if rss > item.limit:
                 kills.append(self._kill(item, process, rss))  # reported dead on a later tick, once a zombie
+        self._observe_finished(live_ids)
         return kills
+
+    def _observe_finished(self, live_ids: set[str]) -> None:
+        """Record the peak of each run that ended since the last tick (one round trip for all)."""
+        finished = set(self._peaks) - live_ids
+        if not finished:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for task_id in finished:
+            memory_profile.observe(pipe, *self._peaks.pop(task_id))
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:  # an observation is a statistic: lose it rather than stop watching
+            log.warning("could not record %d run(s)' peak memory: %s", len(finished), exc)
 
     def _report_dead(self, pid: int) -> None:
         if pid not in self._reported:
@@ -190,6 +214,9 @@ class MemoryWatchdog(Periodic):
         pipe = self.client.pipeline()
         pipe.set(keys.memory_kill(item.task_id), json.dumps(record), ex=keys.MEMORY_KILL_TTL)
         pipe.incr(keys.stat("memory_kills", item.resource_class))
+        memory_profile.observe(pipe, item.task, max(rss, item.limit), killed=True)
+        self._peaks.pop(item.task_id, None)
+        self._killed.add((item.task_id, item.pid))
         pipe.execute()
         log.warning("%s; sending SIGKILL to pid %d", kill.message, item.pid)
         kill_tree(process)
