@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from sluice.deploy.autoscaler import DELETION_COST, Autoscaler
+from sluice import Compute, ResourceClass
+from sluice.deploy.autoscaler import DELETION_COST, Autoscaler, replicas_needed
 from sluice.deploy.embedded import EmbeddedRedis, free_port
 from sluice.deploy.metrics import serve
 from sluice.deploy.platform import labels
-from sluice.queues.status import class_status
+from sluice.queues.status import ClassStatus, class_status
 from tests.conftest import Workers, wait_for
 from tests.kube_fake import FakeKube
 
@@ -90,3 +91,14 @@ def test_metrics_per_class(redis_server: EmbeddedRedis) -> None:
     assert 'sluice_workers_online{resource_class="batch"} 0.0' in text
     assert 'sluice_memory_kills_total{resource_class="batch"} 2.0' in text
     assert 'sluice_escalations_total{resource_class="batch"} 0.0' in text
+
+
+def test_a_packed_class_scales_by_the_memory_and_cpu_its_messages_need() -> None:
+    """Replicas for a packed 8Gi/4-cpu class: 30 waiting 1Gi tasks need 4 workers by memory, not the
+    2 that 30 messages over 16 slots would give; cpu can be what binds instead."""
+    packed = ResourceClass("packed", Compute(cpu="4", memory="8Gi"), slots=16, max_replicas=10, pack=True)
+    status = ClassStatus(packed, queued=30, reserved=0, running=0, slots=0, busy=(), idle=())
+    assert replicas_needed(status, packed) == 2                                    # by slots alone
+    assert replicas_needed(status, packed, (30 * 1000, 30 << 30)) == 8             # cpu binds: 30 cores / 4
+    assert replicas_needed(status, packed, (30 * 250, 30 << 30)) == 4              # memory binds: 30Gi / 8Gi
+    assert replicas_needed(status, packed, (10 ** 6, 10 ** 15)) == 10              # clamped to max_replicas

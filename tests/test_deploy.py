@@ -167,3 +167,15 @@ def test_apply_is_idempotent_and_diff_shows_changes(tmp_path: Path) -> None:
         assert changed.returncode == 1
         assert "-        image: ghcr.io/sluice-dev/sluice:0.1.0" in changed.stdout
         assert "+        image: example/sluice:2" in changed.stdout
+
+
+def test_a_packed_class_pod_is_the_class_size_and_validates() -> None:
+    """A packed class's slot is the whole worker: the pod is that size (not slot x slots)."""
+    from sluice.queues.catalog import Catalog
+
+    catalog = Catalog.merged({"packed": {"cpu": "4", "memory": "8Gi", "slots": 16, "pack": True}})
+    docs = [doc for docs in render(catalog, RenderOptions()).values() for doc in docs]
+    worker = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "sluice-worker-packed")
+    resources = worker["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"] == {"cpu": "4", "memory": "8Gi"}
+    kubernetes_validate.validate(worker, "1.31.0", strict=True)

@@ -28,6 +28,7 @@ import hashlib
 import logging
 import time
 from queue import Empty
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -61,7 +62,13 @@ def ring(pipe: Any, queue: str) -> Any:
 
 
 class ReliableQoS(kombu_redis.QoS):
-    """kombu's ack emulation, minus the unacked write the fetch script has already made."""
+    """kombu's ack emulation, minus the unacked write the fetch script has already made; and a
+    ``gate`` a packed worker sets, so its channel fetches nothing while it has no room."""
+
+    gate: Callable[[], bool] | None = None
+
+    def can_consume(self) -> bool:
+        return super().can_consume() and (self.gate is None or self.gate())
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag in self.channel.fetched:
@@ -197,10 +204,11 @@ class ReliableChannel(kombu_redis.Channel):
             _kombu.dead_letter(redis.Redis(connection_pool=self.pool), self.layout, letter, held_tag=tag)
             log.warning("moved message %s from %s to the dead letters: %s: %s", tag, queue, type(exc).__name__, exc)
 
-    def forward(self, message: Any, queue: str, headers: dict[str, Any]) -> bool:
+    def forward(self, message: Any, queue: str, headers: dict[str, Any], put_back: bool = False) -> bool:
         """Move a message this channel holds to ``queue`` with new ``headers``, atomically
         (``forward.lua``), and forget it here; False when it was no longer held (restored).
-        Its routing becomes the default exchange and the queue's name, as the reaper's moves."""
+        Its routing becomes the default exchange and the queue's name, as the reaper's moves.
+        ``put_back``: to the head of its own queue, uncounted (a packed worker without room)."""
         raw, tag = message._raw, message.delivery_tag
         info = {k: v for k, v in raw["properties"]["delivery_info"].items() if k != SOURCE_QUEUE}
         source = raw["properties"]["delivery_info"].get(SOURCE_QUEUE) or info.get("routing_key") or "?"
@@ -212,7 +220,7 @@ class ReliableChannel(kombu_redis.Channel):
         moved = client.register_script(FORWARD)(
             keys=[layout._key(self.unacked_key), layout._key(self.unacked_index_key), layout._key(target),
                   layout.bell(queue), layout._key(keys.FORWARDED)],
-            args=[tag, dumps(payload), BELL_CAP, f"{source} {queue}"])
+            args=[tag, dumps(payload), BELL_CAP, "" if put_back else f"{source} {queue}", "1" if put_back else "0"])
         self.fetched.discard(tag)
         self.qos.forget(tag)
         return bool(moved)

@@ -1,7 +1,8 @@
 """``sluice autoscale``: the built-in controller for clusters without KEDA.
 
 Per class, each tick: read queued + reserved work and the workers' heartbeats from Redis, compute
-the replicas needed (work / slots, clamped to min/max, zero allowed, never below the busy
+the replicas needed (work / slots, or for a packed class also the waiting and held messages'
+cpu and memory over one worker's size; clamped to min/max, zero allowed, never below the busy
 workers), and patch the Deployment's scale subresource. Scaling down never kills a busy worker:
 
 1. every pod is annotated with ``controller.kubernetes.io/pod-deletion-cost`` (busy pods high,
@@ -28,7 +29,7 @@ from kubernetes import client as k8s
 from sluice.deploy.manifests import worker_name
 from sluice.deploy.platform import labels
 from sluice.queues.catalog import Catalog, ResourceClass
-from sluice.queues.status import ClassStatus, class_status
+from sluice.queues.status import ClassStatus, class_status, demand
 from sluice.workers.periodic import Periodic
 
 log = logging.getLogger("sluice.autoscaler")
@@ -36,11 +37,16 @@ log = logging.getLogger("sluice.autoscaler")
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 
-def replicas_needed(status: ClassStatus, rc: ResourceClass) -> int:
-    """Work over slots, clamped to the class's bounds, never below the busy workers (pure)."""
+def replicas_needed(status: ClassStatus, rc: ResourceClass, demand: tuple[int, int] | None = None) -> int:
+    """Work over slots, clamped to the class's bounds, never below the busy workers (pure). For a
+    packed class, also the ``demand`` (millicores, bytes of the waiting and held messages) over
+    one worker's size, whichever needs more workers."""
     work = status.queued + max(status.reserved, status.running)
-    need = min(max(math.ceil(work / rc.slots), rc.min_replicas), rc.max_replicas)
-    return max(need, len(status.busy))
+    need = math.ceil(work / rc.slots)
+    if rc.pack and demand is not None:
+        millicores, memory = demand
+        need = max(need, math.ceil(millicores / (rc.slot.millicores or 1)), math.ceil(memory / (rc.slot.memory_bytes or 1)))
+    return max(min(max(need, rc.min_replicas), rc.max_replicas), len(status.busy))
 
 
 class Autoscaler(Periodic):
@@ -69,7 +75,7 @@ class Autoscaler(Periodic):
     def reconcile(self, rc: ResourceClass, status: ClassStatus) -> int:
         name = worker_name(rc)
         current = self.apps.read_namespaced_deployment_scale(name, self.namespace).spec.replicas or 0
-        target = replicas_needed(status, rc)
+        target = replicas_needed(status, rc, demand(self.control.app, self.client, rc.name) if rc.pack else None)
         if target > current:
             return self._scale(rc, current, min(target, current + self.max_step_up), status, "work waiting")
         if target < current:

@@ -37,7 +37,7 @@ def _worker(rc: ResourceClass, options: RenderOptions) -> dict[str, Any]:
     if rc.is_gpu:
         service["profiles"] = ["gpu"]
         service["deploy"]["resources"]["reservations"] = {
-            "devices": [{"driver": "nvidia", "count": rc.slot.gpus * rc.slots, "capabilities": ["gpu"]}]}
+            "devices": [{"driver": "nvidia", "count": rc.worker_size.gpus, "capabilities": ["gpu"]}]}
     return service
 
 

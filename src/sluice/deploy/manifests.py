@@ -59,11 +59,12 @@ def worker_name(rc: ResourceClass) -> str:
 
 
 def pod_resources(rc: ResourceClass) -> dict[str, str]:
-    """One pod holds ``slots`` slots: requests == limits (Guaranteed QoS)."""
-    amounts = {"cpu": format_cpu((rc.slot.millicores or 0) * rc.slots),
-               "memory": format_memory((rc.slot.memory_bytes or 0) * rc.slots)}
+    """One pod is one worker's size (``slots`` slots, or a packed class's slot): requests ==
+    limits (Guaranteed QoS)."""
+    size = rc.worker_size
+    amounts = {"cpu": format_cpu(size.millicores or 0), "memory": format_memory(size.memory_bytes or 0)}
     if rc.is_gpu:
-        amounts["nvidia.com/gpu"] = str(rc.slot.gpus * rc.slots)
+        amounts["nvidia.com/gpu"] = str(size.gpus)
     return amounts
 
 

@@ -1,17 +1,20 @@
 -- Forward: move a message a worker holds to another queue, in one atomic step, so it is never
--- in both places (run twice) nor in neither (lost). Admission uses it (sluice.workers.admission).
+-- in both places (run twice) nor in neither (lost). Admission uses it (sluice.workers.admission),
+-- and so does a packed worker putting back a message it has no room for (sluice.workers.packing).
 --
 -- KEYS[1] kombu's unacked hash, KEYS[2] its unacked index, KEYS[3] the target queue's list (for
 -- the message's priority), KEYS[4] the target queue's bell, KEYS[5] the forward counters hash.
 -- ARGV[1] the held message's delivery tag, ARGV[2] the message to push (its delivery info and
--- headers already rewritten for the target), ARGV[3] the bell cap, ARGV[4] the counter's field.
+-- headers already rewritten for the target), ARGV[3] the bell cap, ARGV[4] the counter's field
+-- ("" to count nothing), ARGV[5] "1" to put it at the head of the queue (taken next) instead of
+-- the tail.
 -- Returns 1 when moved, 0 when the tag was no longer held (restored by the reaper or by kombu's
 -- visibility timeout: the queue it came from has it again, and nothing is pushed).
 
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('LPUSH', KEYS[3], ARGV[2])
+redis.call(ARGV[5] == '1' and 'RPUSH' or 'LPUSH', KEYS[3], ARGV[2])
 redis.call('LPUSH', KEYS[4], 1)
 redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[3]) - 1)
-redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
+if ARGV[4] ~= '' then redis.call('HINCRBY', KEYS[5], ARGV[4], 1) end
 return 1

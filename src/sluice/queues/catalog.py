@@ -13,18 +13,23 @@ from typing import Any
 from sluice.compute import Compute
 from sluice.errors import ConfigurationError, NoQueueFits
 
-CLASS_KEYS = ("cpu", "memory", "gpu", "slots", "min_replicas", "max_replicas", "enabled")
+CLASS_KEYS = ("cpu", "memory", "gpu", "slots", "min_replicas", "max_replicas", "pack", "enabled")
 
 
 @dataclass(frozen=True)
 class ResourceClass:
-    """One queue: tasks routed here get a slot of ``slot`` size; a worker has ``slots`` of them."""
+    """One queue: tasks routed here get a slot of ``slot`` size; a worker has ``slots`` of them.
+
+    ``pack=True``: ``slot`` is the whole worker's size instead, and the worker runs as many tasks
+    at once as fit it by their own effective compute, at most ``slots`` (``sluice.workers.packing``).
+    """
 
     name: str
     slot: Compute
     slots: int = 1
     min_replicas: int = 0
     max_replicas: int = 10
+    pack: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
@@ -38,6 +43,8 @@ class ResourceClass:
                 raise ConfigurationError(
                     f"resource class {self.name!r}: {field}={value!r} must be a whole number"
                     + (" of at least 1" if field == "slots" else " of at least 0"))
+        if not isinstance(self.pack, bool):
+            raise ConfigurationError(f"resource class {self.name!r}: pack={self.pack!r} must be true or false")
         if self.min_replicas > self.max_replicas:
             raise ConfigurationError(
                 f"resource class {self.name!r}: min_replicas={self.min_replicas} exceeds max_replicas={self.max_replicas}")
@@ -46,8 +53,17 @@ class ResourceClass:
     def is_gpu(self) -> bool:
         return self.slot.gpus > 0
 
+    @property
+    def worker_size(self) -> Compute:
+        """What one worker (one pod) holds: the slot times the slots, or for a packed class the slot."""
+        if self.pack:
+            return self.slot
+        return Compute.of((self.slot.millicores or 0) * self.slots, (self.slot.memory_bytes or 0) * self.slots,
+                          self.slot.gpus * self.slots)
+
     def describe(self) -> str:
-        return f"{self.name} (cpu={self.slot.cpu} memory={self.slot.memory} gpu={self.slot.gpus})"
+        packed = f", packed, up to {self.slots} at once" if self.pack else ""
+        return f"{self.name} (cpu={self.slot.cpu} memory={self.slot.memory} gpu={self.slot.gpus}{packed})"
 
     @classmethod
     def from_mapping(cls, name: str, data: Mapping[str, Any], base: ResourceClass | None = None) -> ResourceClass:
@@ -61,7 +77,7 @@ class ResourceClass:
             memory=data.get("memory", base.slot.memory if base else None),
             gpu=data.get("gpu", base.slot.gpus if base else 0),
         )
-        fields = {k: data[k] for k in ("slots", "min_replicas", "max_replicas") if k in data}
+        fields = {k: data[k] for k in ("slots", "min_replicas", "max_replicas", "pack") if k in data}
         if base is not None:
             return replace(base, slot=slot, **fields)
         return cls(name=name, slot=slot, **fields)

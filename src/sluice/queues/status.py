@@ -1,15 +1,20 @@
 """Per-class figures read from Redis: queue depth, workers online, tasks running, slots; the
-intake queue's depth; and which tasks of the task catalog each class serves."""
+intake queue's depth; which tasks of the task catalog each class serves; and the compute that a
+packed class's waiting and held messages need."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from sluice._kombu import RedisLayout
+from sluice.compute import Compute
 from sluice.errors import NoQueueFits
+from sluice.headers import Headers
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.task_catalog import TaskEntry
 from sluice.workers.heartbeat import read_heartbeats
@@ -71,3 +76,37 @@ def tasks_by_class(entries: Mapping[str, TaskEntry], catalog: Catalog) -> dict[s
             where = "?"
         grouped.setdefault(where, []).append(name)
     return grouped
+
+
+def message_compute(app: Any, message: Mapping[str, Any]) -> Compute:
+    """The effective compute of a waiting or held message: its ``sluice_compute`` header, else
+    the task's (the app's code, else the task catalog), else the app's default."""
+    headers = message.get("headers") or {}
+    name = str(headers.get("task") or "")
+    try:
+        compute = Headers.read(headers).compute
+    except (ValueError, TypeError, KeyError, AttributeError):  # a bad header: admission dead-letters it
+        compute = None
+    if compute is not None:
+        return app.resolve(name, compute.inherit(app.default_compute))
+    if name in app.tasks:
+        return app.effective_compute(name)
+    entry = app.task_directory.get(name)
+    return app.resolve(name, entry.effective) if entry is not None else app.unlearned(app.default_compute)
+
+
+def demand(app: Any, client: redis.Redis, queue: str, layout: RedisLayout = RedisLayout(),
+           sample: int = 1000) -> tuple[int, int]:
+    """Millicores and bytes that the messages waiting in ``queue`` and held from it need (for a
+    packed class's autoscaling). Past ``sample`` waiting messages, their mean stands for the rest."""
+    waiting = [json.loads(raw) for name in layout.queue_lists(queue) for raw in client.lrange(name, 0, sample - 1)]
+    depth = layout.queue_depth(client, queue)
+    held = [item.message for item in layout.held(client) if item.queue == queue]
+    computes = [message_compute(app, m) for m in waiting]
+    scale = depth / len(computes) if computes and depth > len(computes) else 1.0
+    millicores = sum(c.millicores or 0 for c in computes) * scale
+    memory = sum(c.memory_bytes or 0 for c in computes) * scale
+    for message in held:
+        compute = message_compute(app, message)
+        millicores, memory = millicores + (compute.millicores or 0), memory + (compute.memory_bytes or 0)
+    return int(millicores), int(memory)

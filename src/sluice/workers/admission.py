@@ -11,6 +11,9 @@ queue. Admission is the guarantee. Every message is judged before Celery makes a
   2Gi ``cpu`` queue, a gpu task on a cpu queue): forwarded to the smallest class that fits;
 * from any other queue (a batch run's private queue, a worker's own queue): run.
 
+On a packed worker, a message that may run is also checked against the room its running tasks
+leave (``sluice.workers.packing``), and put back when it does not fit now.
+
 The forward keeps the task id and headers and is one atomic move in Redis (``forward.lua``):
 the message is never lost nor in two queues. A task no class can hold fails with
 :class:`NoQueueFits`, and so does a forward back to a queue the message was already forwarded
@@ -109,6 +112,7 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     """``ComputeTask.Strategy``: Celery's message handler for ``task``, behind admission."""
     handle = celery_strategy(task, app, consumer, **kwargs)
     catalog, intake = app.catalog, app.settings.intake_queue
+    packing = getattr(getattr(consumer.controller, "sluice", None), "packing", None)  # a packed worker's room
     learned = app.inherited_compute(task.name).auto_memory   # then its size is looked up per message (cached)
     fixed = app.effective_compute(task.name)
 
@@ -123,6 +127,9 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
             compute = app.effective_compute(task.name) if learned else fixed
         verdict = decide(task.name, compute, source, catalog, intake, headers.forwarded)
         if verdict is RUN:
+            if packing is not None and source == packing.resource_class.name and not (message.headers or {}).get("eta") \
+                    and not packing.fits(compute):
+                return packing.put_back(message, source, task.name, compute)
             return handle(message, body, ack, reject, callbacks, **options)
         try:
             if verdict.forward_to is not None:

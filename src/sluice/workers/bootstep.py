@@ -25,6 +25,7 @@ from sluice.queues.catalog import ResourceClass
 from sluice.tasks.escalation import Attempt
 from sluice.workers.gpu import gpu_count
 from sluice.workers.heartbeat import Heartbeat, WorkerBeat
+from sluice.workers.packing import Packing
 from sluice.workers.reaper import OrphanReaper
 from sluice.workers.watchdog import MemoryWatchdog, Watched
 
@@ -54,6 +55,10 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
         if len(self.classes) == 1 and not kwargs.get("concurrency") and not kwargs.get("autoscale"):
             worker.concurrency = worker.min_concurrency = self.classes[0].slots
         self.allow_no_gpu = allow_no_gpu
+        packed = [rc for rc in self.classes if rc.pack]
+        self.packing = Packing(packed[0]) if packed and len(self.classes) == 1 else None
+        if packed and len(self.classes) > 1:
+            log.warning("packed class %s served beside other classes: its tasks run in fixed slots here", packed[0].name)
         self.intake = self.app.settings.intake_queue
         self.app.amqp.queues.select_add(self.intake)  # every worker drains the intake (see workers/admission)
         self._limits: dict[str, Watched] = {}
