@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from sluice import Compute
 from sluice.errors import ConfigurationError
-from sluice.tasks.memory_profile import MemoryProfile, bucket, bucket_top, learned_memory, tidy
+from sluice.tasks.memory_profile import (
+    MemoryProfile,
+    bucket,
+    bucket_top,
+    learned_memory,
+    tidy,
+)
 
 MiB = 1 << 20
 

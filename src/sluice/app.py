@@ -171,13 +171,14 @@ class App(Celery):
         ``memory="auto"`` resolved from the task's observed runs (see :meth:`resolve`)."""
         return self.resolve(task_name, self.inherited_compute(task_name))
 
-    def resolve(self, task_name: str, compute: Compute) -> Compute:
+    def resolve(self, task_name: str, compute: Compute, fallback: int | None = None) -> Compute:
         """``compute`` with "auto" memory replaced by the size learned from ``task_name``'s runs
-        (``sluice.tasks.memory_profile``), or the default memory until it has enough of them."""
+        (``sluice.tasks.memory_profile``), or until it has enough of them ``fallback`` (a task
+        catalog entry's: its own app's default memory), else this app's default memory."""
         if not compute.auto_memory:
             return compute
         return memory_profile.with_learned_memory(compute, self.memory_profiles.get(task_name), self.settings,
-                                                  self.fallback_memory)
+                                                  fallback or self.fallback_memory)
 
     def unlearned(self, compute: Compute) -> Compute:
         """``compute`` with "auto" memory replaced by the default memory (no observations used)."""

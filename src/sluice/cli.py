@@ -232,7 +232,7 @@ def explain(app_name: str | None, from_cluster: bool) -> None:
             observed = None
         effective = memory_profile.with_learned_memory(
             entry.effective, observed or memory_profile.EMPTY, broker.settings,
-            app.fallback_memory if from_code else fallback_memory(Compute(), broker.settings))
+            entry.fallback or fallback_memory(Compute(), broker.settings))
         try:
             where = broker.catalog.route(effective, entry.name).name
         except NoQueueFits:

@@ -44,15 +44,16 @@ class ComputeRouter:
         queue = self._by_task.get(name)
         if queue is not None:
             return {"queue": queue}
+        fallback = None
         if name in self.app.tasks:
             inherited = self.app.inherited_compute(name)
         else:
             entry = self.app.task_directory.get(name)
-            inherited = entry.effective if entry is not None else None
+            inherited, fallback = (entry.effective, entry.fallback) if entry is not None else (None, None)
         if inherited is None:
             return {"queue": self._route_unknown(name)}
         if inherited.auto_memory:   # learned: routed by the size of now, which travels with the message
-            return self._learned(name, self.app.resolve(name, inherited), options)
+            return self._learned(name, self.app.resolve(name, inherited, fallback), options)
         queue = self.app.catalog.route(inherited, name).name
         if name in self.app.tasks:
             self._by_task[name] = queue
@@ -74,7 +75,7 @@ class ComputeRouter:
         if name in self.app.tasks:
             return self.app.effective_compute(name)
         entry = self.app.task_directory.get(name)
-        return self.app.resolve(name, entry.effective) if entry is not None else None
+        return self.app.resolve(name, entry.effective, entry.fallback) if entry is not None else None
 
     def _route_unknown(self, name: str) -> str:
         default = self.app.catalog.default_class.name

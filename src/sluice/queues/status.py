@@ -92,7 +92,9 @@ def message_compute(app: Any, message: Mapping[str, Any]) -> Compute:
     if name in app.tasks:
         return app.effective_compute(name)
     entry = app.task_directory.get(name)
-    return app.resolve(name, entry.effective) if entry is not None else app.unlearned(app.default_compute)
+    if entry is None:
+        return app.unlearned(app.default_compute)
+    return app.resolve(name, entry.effective, entry.fallback)
 
 
 def demand(app: Any, client: redis.Redis, queue: str, layout: RedisLayout = RedisLayout(),

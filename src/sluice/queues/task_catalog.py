@@ -37,26 +37,28 @@ class TaskEntry:
     retry: RetryPolicy | None
     worker: str                #: the worker that published it last
     at: float                  #: when (epoch seconds)
+    fallback: int | None = None  #: bytes a memory="auto" task runs with until learned (its app's default)
 
     def encode(self) -> str:
         return json.dumps({"declared": self.declared.to_dict() if self.declared is not None else None,
                            "effective": self.effective.to_dict(),
                            "retry": self.retry.to_dict() if self.retry is not None else None,
-                           "worker": self.worker, "at": self.at})
+                           "worker": self.worker, "at": self.at, "fallback": self.fallback})
 
     @classmethod
     def decode(cls, name: str, raw: bytes | str) -> TaskEntry:
         data = json.loads(raw)
         return cls(name, Compute.from_dict(data["declared"]) if data.get("declared") else None,
                    Compute.from_dict(data["effective"]), RetryPolicy.from_dict(data["retry"]) if data.get("retry")
-                   else None, str(data.get("worker") or "?"), float(data.get("at") or 0))
+                   else None, str(data.get("worker") or "?"), float(data.get("at") or 0),
+                   int(data["fallback"]) if data.get("fallback") else None)
 
 
 def entries_of(app: Any, worker: str) -> list[TaskEntry]:
     """An app's tasks as catalog entries (Celery's built-in ``celery.*`` tasks left out)."""
     now = time.time()
     return [TaskEntry(name, getattr(task, "compute", None), app.inherited_compute(name),
-                      getattr(task, "retry_policy", None), worker, now)
+                      getattr(task, "retry_policy", None), worker, now, app.fallback_memory)
             for name, task in sorted(app.tasks.items()) if not name.startswith("celery.")]
 
 

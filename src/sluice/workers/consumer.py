@@ -66,7 +66,7 @@ class SluiceConsumer(Consumer):
             return False
         parsed = admission.read_headers(message)
         compute = (parsed.compute.inherit(self.app.default_compute) if parsed.compute is not None
-                   else self.app.resolve(entry.name, entry.effective))
+                   else self.app.resolve(entry.name, entry.effective, entry.fallback))
         verdict = admission.decide(entry.name, compute, source, self.app.catalog, self.app.settings.intake_queue,
                                    parsed.forwarded)
         if verdict.forward_to is None:
