@@ -2,7 +2,8 @@
 
 The worker's watchdog already measures every running task's process tree 20 times a second; when
 a run ends it records the run's peak here, in one pipelined round trip: a count in a fixed
-log-scale histogram (buckets 2^(1/8) apart from 1Mi, so a quantile is at most 9% high; at most
+log-scale histogram (buckets 2^(1/8) apart from 1Mi, so a quantile is at most 9% high, and never
+above the exact peak; at most
 ``BUCKETS`` fields per task name, whatever the number of runs) and the all-time peak (a sorted set,
 ``ZADD GT``). A memory kill is an observation of at least the limit it was killed at, and is
 counted. Runs shorter than the watchdog's interval are not measured, so not observed.
@@ -74,9 +75,9 @@ def read(client: redis.Redis, task: str) -> MemoryProfile:
     fields, peak = pipe.execute()
     counts = sorted((int(name[1:]), int(n)) for name, n in ((k.decode(), v) for k, v in fields.items())
                     if name.startswith("b"))
-    total = sum(n for _, n in counts)
-    return MemoryProfile(total, _quantile(counts, total, 0.50), _quantile(counts, total, 0.95), int(peak or 0),
-                         int(fields.get(KILLS.encode(), 0)))
+    total, top = sum(n for _, n in counts), int(peak or 0)
+    p50, p95 = (min(_quantile(counts, total, q), top or math.inf) for q in (0.50, 0.95))  # never above the peak seen
+    return MemoryProfile(total, int(p50), int(p95), top, int(fields.get(KILLS.encode(), 0)))
 
 
 def observed_tasks(client: redis.Redis) -> list[str]:
