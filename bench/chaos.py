@@ -160,21 +160,11 @@ class DelayRow:
                 **tally([r.id for r in results], outcome, self.marks)}
 
 
-def driver_workers(driver: subprocess.Popen[str]) -> list[psutil.Process]:
-    """The run's local workers (live children of the driver running celery)."""
-    found = []
-    for child in psutil.Process(driver.pid).children():
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and "celery" in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.Error:
-            continue
-    return found
-
-
 def batch_row(server: object, tmp: Path, env: dict[str, str], fault: str, kills: int, items: int,
               seconds: float) -> dict[str, object]:
     """`sluice compute bench/chaos_task.py -w 2 --per-worker 2` against ``server``."""
+    from tests.processes import driver_workers
+
     marks, sink = tmp / "marks", tmp / "sink"
     marks.mkdir()
     driver = subprocess.Popen(
@@ -244,4 +234,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
     main()

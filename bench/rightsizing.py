@@ -44,7 +44,9 @@ def run_mode(mode: str, tasks: int, seconds: float, env: dict[str, str]) -> dict
         client = server.client()
         try:
             deadline = time.monotonic() + 60
-            while not client.exists(keys.worker_heartbeat(name)) and time.monotonic() < deadline:
+            while not client.exists(keys.worker_heartbeat(name)):
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise SystemExit(f"{mode}: the worker did not start")
                 time.sleep(0.1)
             names = [f"bench.rightsizing.use_{mib}" for mib in rightsizing_app.SIZES]
             warmup = 0.0

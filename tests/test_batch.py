@@ -11,11 +11,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import psutil
 import pytest
 
 from sluice.client.batch.sink import repair_torn_tail
 from tests.conftest import ROOT, wait_for
+from tests.processes import driver_workers
 
 pytestmark = pytest.mark.integration
 EXAMPLE = ROOT / "examples" / "task.py"
@@ -161,18 +161,6 @@ def test_torn_trailing_line_is_repaired(tmp_path: Path) -> None:
     assert not repair_torn_tail(path)
 
 
-def _driver_workers(driver: subprocess.Popen[str]) -> list[psutil.Process]:
-    """The local workers' main processes (live children of the driver running celery)."""
-    found = []
-    for child in psutil.Process(driver.pid).children():
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and "celery" in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.Error:
-            continue
-    return found
-
-
 def test_ctrl_c_records_cancelled_and_resume_runs_them(tmp_path: Path) -> None:
     sink = tmp_path / "run"
     args = [str(COUNTING), "-w", "2", "--sink", str(sink), "--", "--n", "40", "--sleep", "0.2"]
@@ -201,7 +189,7 @@ def test_kill_workers_ten_times_every_id_exactly_once(tmp_path: Path) -> None:
     kills = 0
     deadline = time.monotonic() + 240
     while kills < 10 and driver.poll() is None and time.monotonic() < deadline:
-        victims = _driver_workers(driver)
+        victims = driver_workers(driver)
         if victims and len(lines(sink / "ready.ndjson")) > 100 * (kills + 1):
             victim = victims[kills % len(victims)]
             os.killpg(victim.pid, signal.SIGKILL)

@@ -44,12 +44,7 @@ class ComputeRouter:
         queue = self._by_task.get(name)
         if queue is not None:
             return {"queue": queue}
-        fallback = None
-        if name in self.app.tasks:
-            inherited = self.app.inherited_compute(name)
-        else:
-            entry = self.app.task_directory.get(name)
-            inherited, fallback = (entry.effective, entry.fallback) if entry is not None else (None, None)
+        inherited, fallback = self._declared(name)
         if inherited is None:
             return {"queue": self._route_unknown(name)}
         if inherited.auto_memory:   # learned: routed by the size of now, which travels with the message
@@ -71,11 +66,17 @@ class ComputeRouter:
             route["headers"] = stamp
         return route
 
-    def _known_compute(self, name: str) -> Compute | None:
+    def _declared(self, name: str) -> tuple[Compute | None, int | None]:
+        """A task's compute over its app's default ("auto" memory unresolved) and what "auto"
+        falls back to: from this app's code, else the task catalog; (None, None) if neither has it."""
         if name in self.app.tasks:
-            return self.app.effective_compute(name)
+            return self.app.inherited_compute(name), None
         entry = self.app.task_directory.get(name)
-        return self.app.resolve(name, entry.effective, entry.fallback) if entry is not None else None
+        return (entry.effective, entry.fallback) if entry is not None else (None, None)
+
+    def _known_compute(self, name: str) -> Compute | None:
+        inherited, fallback = self._declared(name)
+        return None if inherited is None else self.app.resolve(name, inherited, fallback)
 
     def _route_unknown(self, name: str) -> str:
         default = self.app.catalog.default_class.name

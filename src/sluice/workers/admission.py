@@ -112,19 +112,16 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     """``ComputeTask.Strategy``: Celery's message handler for ``task``, behind admission."""
     handle = celery_strategy(task, app, consumer, **kwargs)
     catalog, intake = app.catalog, app.settings.intake_queue
-    packing = getattr(getattr(consumer.controller, "sluice", None), "packing", None)  # a packed worker's room
-    learned = app.inherited_compute(task.name).auto_memory   # then its size is looked up per message (cached)
-    fixed = app.effective_compute(task.name)
+    packing = consumer.controller.sluice.packing   # a packed worker's room (None: fixed slots)
+    inherited = app.inherited_compute(task.name)     # "auto" memory is resolved per message (from a cache)
 
     def admit(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **options: Any) -> Any:
         source = source_queue(message)
         if source != intake and source not in catalog:
             return handle(message, body, ack, reject, callbacks, **options)
         headers = read_headers(message)
-        if headers.compute is not None:
-            compute = headers.compute.inherit(app.default_compute)
-        else:
-            compute = app.effective_compute(task.name) if learned else fixed
+        declared = headers.compute.inherit(app.default_compute) if headers.compute is not None else inherited
+        compute = app.resolve(task.name, declared)
         verdict = decide(task.name, compute, source, catalog, intake, headers.forwarded)
         if verdict is RUN:
             if packing is not None and source == packing.resource_class.name and not (message.headers or {}).get("eta") \

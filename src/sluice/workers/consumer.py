@@ -21,6 +21,7 @@ from celery.worker.consumer import Consumer
 from kombu.utils.json import dumps
 
 from sluice import _kombu, transport
+from sluice.queues.status import message_compute
 from sluice.workers import admission
 
 log = logging.getLogger("sluice.worker")
@@ -64,11 +65,9 @@ class SluiceConsumer(Consumer):
         entry = self.app.task_directory.get(str(headers.get("task")))
         if entry is None:
             return False
-        parsed = admission.read_headers(message)
-        compute = (parsed.compute.inherit(self.app.default_compute) if parsed.compute is not None
-                   else self.app.resolve(entry.name, entry.effective, entry.fallback))
-        verdict = admission.decide(entry.name, compute, source, self.app.catalog, self.app.settings.intake_queue,
-                                   parsed.forwarded)
+        trail = admission.read_headers(message).forwarded
+        compute = message_compute(self.app, {"headers": headers})
+        verdict = admission.decide(entry.name, compute, source, self.app.catalog, self.app.settings.intake_queue, trail)
         if verdict.forward_to is None:
             return False
         admission.forward(self.app, message, entry.name, compute, verdict.forward_to)
