@@ -41,8 +41,21 @@ def test_plain_script_and_check(tmp_path: Path) -> None:
     assert plain.stdout.splitlines() == ["{'x2': 0}", "{'x2': 2}"]
     check = compute(str(EXAMPLE), "--check", "--", "--n", "2", home=tmp_path)
     assert check.returncode == 0, check.stderr
-    assert [json.loads(line) for line in check.stdout.splitlines()] == [
-        {"id": "t-0", "result": {"x2": 0}}, {"id": "t-1", "result": {"x2": 2}}]
+    records = [json.loads(line) for line in check.stdout.splitlines()]
+    assert [(r["id"], r["result"], r["worker"], r["attempts"]) for r in records] == [
+        ("t-0", {"x2": 0}, "check", 1), ("t-1", {"x2": 2}, "check", 1)]
+
+
+def test_check_fails_a_result_the_run_cannot_encode(tmp_path: Path) -> None:
+    """--check encodes each result exactly as a real run does: a set (which JSON cannot hold)
+    is a failed item and exit 1 under --check, not a string and exit 0."""
+    task = tmp_path / "sets.py"
+    task.write_text("def plan():\n    yield {'id': 'a'}\n\ndef execute(item):\n    return {1, 2}\n")
+    check = compute(str(task), "--check", home=tmp_path)
+    assert check.returncode == 1, check.stdout
+    record = json.loads(check.stdout)
+    assert (record["id"], record["status"], record["error"]) == ("a", "failed", "TypeError")
+    assert "not JSON serializable" in record["message"] and "not JSON serializable" in check.stderr
 
 
 @pytest.mark.parametrize("workers", [["-w", "4"], ["-w", "1", "--per-worker", "4"]], ids=["w4", "w1x4"])

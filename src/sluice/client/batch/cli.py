@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 import sys
@@ -26,7 +25,7 @@ from sluice.client.batch.driver import Driver
 from sluice.client.batch.local_workers import LocalWorkers
 from sluice.client.batch.observe import Observer
 from sluice.client.batch.progress import EXIT_BROKER_LOST, EXIT_INTERRUPTED, RunSettings
-from sluice.client.batch.records import Record, encode
+from sluice.client.batch.records import Failure, Record, decode, encode, execute_item
 from sluice.client.batch.sink import Sink
 from sluice.client.batch.taskfile import TaskFile
 from sluice.client.batch.torchrun import Ranks
@@ -94,9 +93,7 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
     """
     tf = TaskFile.load(task_file, list(task_args))
     if check_items is not None:
-        for item in islice(tf.plan(), check_items):
-            click.echo(json.dumps({"id": item["id"], "result": tf.execute(item)}, default=str))
-        return
+        sys.exit(_check(tf, check_items))
     if traj:
         require_lance()
     settings = Settings.load()
@@ -138,6 +135,20 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
         path, rows = write_trajectory(sink_dir)
         console.print(f"wrote Lance dataset {path} ({rows} rows)")
     sys.exit(code)
+
+
+def _check(tf: TaskFile, count: int) -> int:
+    """``--check``: the first ``count`` items in this process, each printed as the record a real
+    run would write (encoded the same way); exit 1 if any failed, as a real run does."""
+    failed = 0
+    for item in islice(tf.plan(), count):
+        _, line = execute_item(tf.execute, item, "check", 1)
+        record = decode(line)
+        click.echo(line)
+        if isinstance(record, Failure):
+            failed += 1
+            console.print(f"[red]{record.id}: {record.error}: {record.message}[/red]")
+    return 1 if failed else 0
 
 
 def private_queue(run_id: str) -> str:

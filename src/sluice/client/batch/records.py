@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import time
+import traceback
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 #: How an item that has no result ended: execute() failed (resume skips it); the run was
 #: interrupted (resume runs it again); its chunk was lost for good to infrastructure, a worker
@@ -73,6 +75,23 @@ def encode(record: Record) -> str:
                              "return None or a string instead") from None
     data = {k: v for k, v in asdict(record).items() if v is not None or k not in ("attempts", "chunk")}
     return json.dumps(data, default=str)
+
+
+def execute_item(execute: Callable[[dict[str, Any]], Any], item: dict[str, Any], worker: str,
+                 attempt: int) -> tuple[str, str]:
+    """(id, the encoded record): what ``execute(item)`` returned, or how it failed. A worker and
+    ``sluice compute --check`` both run items through this, so a result the sink cannot hold
+    fails under ``--check`` exactly as it fails in a real run."""
+    started = time.time()
+    try:
+        result = execute(item)
+        return item["id"], encode(Ready(item["id"], result, worker, attempt, started, round(time.time() - started, 6)))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - sys.exit() or a result JSON cannot hold fails this item alone
+        message = str(exc) if isinstance(exc, Exception) else f"execute() raised {exc!r} for item {item['id']!r}"
+        return item["id"], encode(Failure(item["id"], FAILED, type(exc).__name__, message, traceback.format_exc(),
+                                          worker, attempt))
 
 
 def _non_finite(value: Any, path: str) -> str:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import time
-import traceback
 from typing import Any
 
 from sluice import keys
-from sluice.client.batch.records import FAILED, Failure, Ready, encode
+from sluice.client.batch.records import Failure, encode, execute_item
 from sluice.client.batch.taskfile import TaskFile
 from sluice.headers import attempt_of
 
@@ -32,20 +31,6 @@ def task_file(client: Any, run_id: str) -> TaskFile:
     return loaded
 
 
-def _record(task_file: TaskFile, item: dict[str, Any], worker: str, attempt: int) -> tuple[str, str]:
-    """(id, the encoded record): what execute() returned, or how it failed."""
-    started = time.time()
-    try:
-        result = task_file.execute(item)
-        return item["id"], encode(Ready(item["id"], result, worker, attempt, started, round(time.time() - started, 6)))
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - sys.exit() or a result JSON cannot hold fails this item alone
-        message = str(exc) if isinstance(exc, Exception) else f"execute() raised {exc!r} for item {item['id']!r}"
-        return item["id"], encode(Failure(item["id"], FAILED, type(exc).__name__, message, traceback.format_exc(),
-                                          worker, attempt))
-
-
 def run_chunk(task: Any, run_id: str, items: list[dict[str, Any]]) -> int:
     """Bound Celery task body (every sluice App registers it under ``RUN_CHUNK_TASK``)."""
     client = task.app.redis
@@ -58,7 +43,7 @@ def run_chunk(task: Any, run_id: str, items: list[dict[str, Any]]) -> int:
     for item, done in zip(items, cached):
         if done is not None:
             continue
-        pending.append(_record(loaded, item, worker, attempt))
+        pending.append(execute_item(loaded.execute, item, worker, attempt))
         if time.monotonic() - last_flush >= FLUSH_SECONDS:
             if _flush(client, run_id, pending):
                 break  # Ctrl-C on the driver: leave the rest unstarted (the driver records them cancelled)
