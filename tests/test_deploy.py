@@ -179,3 +179,59 @@ def test_a_packed_class_pod_is_the_class_size_and_validates() -> None:
     resources = worker["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources["requests"] == resources["limits"] == {"cpu": "4", "memory": "8Gi"}
     kubernetes_validate.validate(worker, "1.31.0", strict=True)
+
+
+def _sluice_cli(*args: str, env: dict[str, str], hide_kubernetes: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the ``sluice`` entry point (the one users run, with its error handling); with
+    ``hide_kubernetes`` the kubernetes package cannot be imported, as without the extra."""
+    hide = "sys.modules['kubernetes'] = None; " if hide_kubernetes else ""
+    code = f"import sys; {hide}sys.argv = ['sluice', *sys.argv[1:]]; from sluice.cli import run; run()"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=90,
+                          env=os.environ | {"PYTHONPATH": str(ROOT), "COLUMNS": "300"} | env)
+
+
+@pytest.mark.parametrize("command", [["deploy", "diff"], ["deploy", "apply"], ["autoscale", "-A", "sluice.demo"]],
+                         ids=["diff", "apply", "autoscale"])
+def test_no_kubeconfig_is_one_line_and_exit_69(tmp_path: Path, command: list[str]) -> None:
+    """Without a kubeconfig (and not in a pod) each cluster command says so in one line and
+    exits 69, not 1 (which `diff` uses for "there are changes") and not with a traceback."""
+    out = _sluice_cli(*command, env={"KUBECONFIG": str(tmp_path / "missing"), "HOME": str(tmp_path)})
+    assert out.returncode == 69, out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and "no cluster to talk to" in lines[0] and "KUBECONFIG" in lines[0], out.stdout
+
+
+@pytest.mark.parametrize("command", [["deploy", "diff"], ["autoscale", "-A", "sluice.demo", "--metrics-port", "0"]],
+                         ids=["diff", "autoscale"])
+def test_an_api_server_that_does_not_answer_is_one_line_and_exit_69(tmp_path: Path, command: list[str]) -> None:
+    """A kubeconfig pointing at a port nothing listens on: one line naming the server, exit 69."""
+    from sluice.deploy.embedded import free_port
+
+    with FakeKube() as fake:
+        kubeconfig = fake.kubeconfig(tmp_path / "kubeconfig")
+    dead = f"http://127.0.0.1:{free_port()}"
+    kubeconfig.write_text(kubeconfig.read_text().replace(fake.url, dead))
+    out = _sluice_cli(*command, env={"KUBECONFIG": str(kubeconfig)})
+    assert out.returncode == 69, out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    assert f"the Kubernetes API server at {dead} does not answer" in out.stdout
+
+
+def test_without_the_kubernetes_extra_the_deploy_commands_name_it(tmp_path: Path) -> None:
+    """kubernetes is an extra: without it `sluice deploy apply` says which extra to install,
+    while render (pure YAML) and the rest of sluice work without it."""
+    out = _sluice_cli("deploy", "apply", env={}, hide_kubernetes=True)
+    assert out.returncode == 2 and "pip install 'sluice[kubernetes]'" in out.stdout, out.stdout + out.stderr
+    rendered = _sluice_cli("deploy", "render", "--out", str(tmp_path), env={}, hide_kubernetes=True)
+    assert rendered.returncode == 0 and (tmp_path / "sluice.yaml").exists(), rendered.stdout + rendered.stderr
+    imports = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['kubernetes'] = None; import sluice, sluice.cli, "
+         "sluice.deploy.local, sluice.deploy.metrics, sluice.workers.bootstep"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert imports.returncode == 0, imports.stderr
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not any(dep.startswith("kubernetes") for dep in project["dependencies"])
+    assert any(dep.startswith("kubernetes") for dep in project["optional-dependencies"]["kubernetes"])

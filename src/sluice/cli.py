@@ -13,6 +13,7 @@ import click
 import redis
 from celery.app.utils import find_app
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sluice import redis_client
@@ -21,7 +22,7 @@ from sluice.client.batch.cli import compute
 from sluice.compute import Compute
 from sluice.config import Settings, embedded_broker_url, fallback_memory
 from sluice.deploy.commands import autoscale, deploy, metrics
-from sluice.errors import BrokerUnavailable, NoQueueFits, SluiceError
+from sluice.errors import NoQueueFits, SluiceError
 from sluice.units import format_size
 from sluice.queues.catalog import Catalog
 from sluice.queues.commands import dead_letters_group
@@ -325,6 +326,6 @@ def run() -> None:
     """Entry point with sluice errors shown as one line instead of a traceback."""
     try:
         main()
-    except (SluiceError, BrokerUnavailable) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        sys.exit(2)
+    except SluiceError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        sys.exit(exc.exit_code)

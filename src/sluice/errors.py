@@ -7,6 +7,8 @@
     │   ├── GpuUnavailable        a worker asked to serve a gpu class has no GPU
     │   └── InvalidPackageError   a remote function's packages= entry is not a PEP 508 requirement
     ├── BrokerUnavailable         the broker/redis-server cannot be reached or started
+    ├── ClusterUnavailable        no Kubernetes cluster to talk to: no kubeconfig, no answer (exit 69)
+    ├── MissingExtra              a command needs an optional dependency that is not installed
     ├── TaskFailed                a task ended badly on a worker (travels as type + message)
     │   ├── MemoryKilled          the watchdog killed the task for exceeding its memory
     │   ├── WorkerLost            the process (or whole worker) running the task died
@@ -33,6 +35,9 @@ from __future__ import annotations
 class SluiceError(Exception):
     """Root of every sluice error."""
 
+    #: What the ``sluice`` command exits with when this error ends it (2: a usage error).
+    exit_code = 2
+
 
 class ConfigurationError(SluiceError, ValueError):
     """A value given to sluice is not one it accepts; the message names it and the accepted forms."""
@@ -56,6 +61,17 @@ class GpuUnavailable(ConfigurationError):
 
 class BrokerUnavailable(SluiceError):
     """The Redis broker could not be reached or the embedded one could not start."""
+
+
+class ClusterUnavailable(SluiceError):
+    """No Kubernetes cluster to talk to: no in-cluster account and no usable kubeconfig, or an
+    API server that does not answer. Exits 69 (EX_UNAVAILABLE), apart from ``deploy diff``'s 1."""
+
+    exit_code = 69
+
+
+class MissingExtra(SluiceError, ImportError):
+    """A command needs an optional dependency that is not installed; the message names the extra."""
 
 
 class TaskFailed(SluiceError):

@@ -8,18 +8,8 @@ from pathlib import Path
 
 import click
 
+from sluice.deploy import kube_client
 from sluice.deploy.manifests import Manifest, RenderOptions, render, to_yaml
-
-
-def _kube_api():  # noqa: ANN202 - kubernetes.client.ApiClient
-    """In a pod: the service account; elsewhere: the kubeconfig (KUBECONFIG or ~/.kube/config)."""
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
 
 
 def _rendered(app_name: str, namespace: str, image: str, grace: int) -> dict[str, list[Manifest]]:
@@ -92,23 +82,28 @@ def compose_command(app_name: str, namespace: str, image: str, grace: int, out: 
 @click.option("--dry-run", is_flag=True, help="Have the API server validate everything without persisting it.")
 def apply_command(app_name: str, namespace: str, image: str, grace: int, keda: bool, dry_run: bool) -> None:
     """Create or update every object (server-side apply: running it twice changes nothing)."""
+    api = kube_client.connect("sluice deploy apply")
     from sluice.deploy import kube
 
     files = _rendered(app_name, namespace, image, grace)
     docs = files["sluice.yaml"] + (files["keda.yaml"] if keda else files["autoscaler.yaml"])
-    for name, state in kube.apply(_kube_api(), docs, dry_run=dry_run):
-        click.echo(f"{name} {state}")
+    with kube_client.reaching(api):
+        for name, state in kube.apply(api, docs, dry_run=dry_run):
+            click.echo(f"{name} {state}")
 
 
 @deploy.command("diff")
 @render_options
 @click.option("--keda/--builtin-autoscaler", default=True, show_default=True)
 def diff_command(app_name: str, namespace: str, image: str, grace: int, keda: bool) -> None:
-    """Show what `apply` would change, as a unified diff per object (exit 1 when there is any)."""
+    """Show what `apply` would change, as a unified diff per object (exit 1 when there is any;
+    69 when there is no cluster to compare with)."""
+    api = kube_client.connect("sluice deploy diff")
     from sluice.deploy import kube
 
     files = _rendered(app_name, namespace, image, grace)
-    text = kube.diff(_kube_api(), files["sluice.yaml"] + (files["keda.yaml"] if keda else files["autoscaler.yaml"]))
+    with kube_client.reaching(api):
+        text = kube.diff(api, files["sluice.yaml"] + (files["keda.yaml"] if keda else files["autoscaler.yaml"]))
     click.echo(text, nl=False)
     sys.exit(1 if text else 0)
 
@@ -125,6 +120,7 @@ def autoscale(app_name: str, namespace: str, interval: float, cooldown: float, m
               max_step_down: int, metrics_port: int) -> None:
     """Scale each class's worker Deployment on its queue, draining idle workers before scaling down
     (for clusters without KEDA)."""
+    api = kube_client.connect("sluice autoscale")
     from kubernetes import client
 
     from sluice.cli import load_app
@@ -132,7 +128,8 @@ def autoscale(app_name: str, namespace: str, interval: float, cooldown: float, m
     from sluice.deploy.metrics import serve
 
     app = load_app(app_name)
-    api = _kube_api()
+    with kube_client.reaching(api):   # a cluster that does not answer now is an error, later only a log line
+        client.CoreV1Api(api).list_namespaced_pod(namespace, limit=1)
     if metrics_port:
         serve(app.redis, app.catalog, metrics_port, intake=app.settings.intake_queue)
     Autoscaler(app.redis, app.catalog, client.AppsV1Api(api), client.CoreV1Api(api), namespace, app.control,
