@@ -34,6 +34,22 @@ def test_explain_prints_effective_compute_and_class() -> None:
 
 
 @pytest.mark.usefixtures("redis_server")
+def test_explain_piped_keeps_whole_rows() -> None:
+    """Piped (no terminal, no COLUMNS), `sluice explain` prints each task on one line with its
+    whole name: rich would otherwise fit the table to 80 columns and cut the names."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "sluice", "explain", "-A", "tests.apps.basic"], capture_output=True,
+                            text=True, timeout=60, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr
+    names = [line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│")]
+    from tests.apps import basic
+
+    assert len(names) >= 5 and set(names) <= set(basic.app.tasks), result.stdout   # whole names, none cut
+    assert "tests.apps.basic.default_task" in names
+    assert max(len(line) for line in result.stdout.splitlines()) > 80
+
+
+@pytest.mark.usefixtures("redis_server")
 def test_worker_rejects_an_unknown_class() -> None:
     result = sluice("worker", "-A", "tests.apps.basic", "--queue", "hugemem")
     assert result.returncode == 2

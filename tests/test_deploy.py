@@ -113,11 +113,16 @@ def test_secrets_are_referenced_never_rendered() -> None:
     redis = next(d for d in DOCS if d["kind"] == "StatefulSet")
     env = redis["spec"]["template"]["spec"]["containers"][0]["env"]
     assert env[0]["valueFrom"]["secretKeyRef"] == {"name": "sluice-redis", "key": "password"}
-    args = redis["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[args.index("--maxmemory-policy") + 1] == "noeviction" and args[args.index("--appendonly") + 1] == "yes"
+    script = redis["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "--maxmemory-policy noeviction" in script and "--appendonly yes" in script
     flower = next(d for d in DOCS if d["metadata"]["name"] == "sluice-flower" and d["kind"] == "Deployment")
-    assert flower["spec"]["template"]["spec"]["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]["name"] == \
-        "sluice-flower"
+    container = flower["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"][0] == {"name": "FLOWER_BASIC_AUTH",
+                                   "valueFrom": {"secretKeyRef": {"name": "sluice-flower", "key": "basic-auth"}}}
+    # Kubernetes expands $(VAR) into argv, where `ps` in the pod shows it: no secret goes there.
+    argvs = [c.get("command", []) + c.get("args", []) for d in DOCS if d["kind"] in ("Deployment", "StatefulSet")
+             for c in d["spec"]["template"]["spec"]["containers"]]
+    assert not [a for argv in argvs for a in argv if "$(" in a], argvs
     auth = FILES["keda.yaml"][0]
     assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "sluice-redis", "key": "password"}]
 

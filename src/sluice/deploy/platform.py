@@ -58,17 +58,24 @@ def namespace(options: RenderOptions) -> Manifest:
             "metadata": {"name": options.namespace, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
 
 
+def redis_command() -> list[str]:
+    """Redis with AOF in /data and no eviction (a queue must never silently lose messages to make
+    room), its password from ``$REDIS_PASSWORD`` fed to it as config on stdin: a printf of the
+    shell's own is no process, so the password is in no argv for ``ps`` to show. The image's
+    entrypoint still runs (it drops root to the redis user where it starts as root, in compose)."""
+    return ["sh", "-c", 'printf "requirepass %s\\n" "$REDIS_PASSWORD" | exec docker-entrypoint.sh redis-server - '
+            "--appendonly yes --dir /data --maxmemory-policy noeviction"]
+
+
 def redis(options: RenderOptions) -> list[Manifest]:
-    """Redis with AOF on a persistent volume, a password from the Secret, and no eviction (a
-    queue must never silently lose messages to make room)."""
+    """Redis (see :func:`redis_command`) on a persistent volume, its password from the Secret."""
+    password = {"valueFrom": {"secretKeyRef": {"name": REDIS_SECRET, "key": "password"}}}
     container = {
         "name": "redis", "image": "redis:7.2",
-        "args": ["redis-server", "--appendonly", "yes", "--dir", "/data", "--requirepass", "$(REDIS_PASSWORD)",
-                 "--maxmemory-policy", "noeviction"],
-        "env": [{"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": REDIS_SECRET, "key": "password"}}}],
+        "command": redis_command(),
+        "env": [{"name": "REDIS_PASSWORD", **password}, {"name": "REDISCLI_AUTH", **password}],
         "ports": [{"containerPort": 6379, "name": "redis"}],
-        "readinessProbe": {"exec": {"command": ["sh", "-c", 'redis-cli -a "$REDIS_PASSWORD" --no-auth-warning ping']},
-                           "periodSeconds": 10},
+        "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "500m", "memory": "1Gi"}},
     }
     template = _pod(options, "redis", container)
@@ -87,8 +94,7 @@ def flower(options: RenderOptions) -> list[Manifest]:
     """Flower behind basic auth from a Secret; workers run with -E so it sees every event."""
     container = {
         "name": "flower", "image": options.image,
-        "args": ["celery", "-A", options.app, "flower", "--port=5555", "--basic-auth=$(FLOWER_BASIC_AUTH)",
-                 "--persistent=False"],
+        "args": ["celery", "-A", options.app, "flower", "--port=5555", "--persistent=False"],   # auth: the env
         "env": [{"name": "FLOWER_BASIC_AUTH", "valueFrom": {"secretKeyRef": {"name": FLOWER_SECRET,
                                                                             "key": "basic-auth"}}},
                 *options.broker_env],
