@@ -244,7 +244,7 @@ def test_chunks_lost_while_no_driver_ran_are_sent_again_on_resume(tmp_path: Path
     import hashlib
 
     from sluice._kombu import RedisLayout
-    from sluice.client.batch.cli import private_queue
+    from sluice.client.batch.runs import private_queue, redis_dir
     from sluice.deploy.embedded import EmbeddedRedis
 
     sink = tmp_path / "run"
@@ -255,7 +255,7 @@ def test_chunks_lost_while_no_driver_ran_are_sent_again_on_resume(tmp_path: Path
     driver.kill()
     driver.wait(30)
     run_id = hashlib.sha1(str(sink.resolve()).encode()).hexdigest()[:16]
-    with EmbeddedRedis(tmp_path / "compute-redis") as server:
+    with EmbeddedRedis(redis_dir(tmp_path, run_id)) as server:
         client, layout = server.client(), RedisLayout()
         queue = private_queue(run_id)
         lost = len(layout.waiting(client, queue)) + layout.drop_held(client, queue)
@@ -272,10 +272,11 @@ def _cache_ids(home: Path, sink: Path) -> list[bytes]:
     import hashlib
 
     from sluice import keys
+    from sluice.client.batch.runs import redis_dir
     from sluice.deploy.embedded import EmbeddedRedis
 
     run_id = hashlib.sha1(str(sink.resolve()).encode()).hexdigest()[:16]
-    with EmbeddedRedis(home / "compute-redis") as server:
+    with EmbeddedRedis(redis_dir(home, run_id)) as server:
         return server.client().hkeys(keys.run(run_id, "results"))
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from sluice import redis_client
 from sluice.app import App
 from sluice.client.batch.cli import compute
+from sluice.client.batch.runs_commands import runs_group
 from sluice.compute import Compute
 from sluice.config import Settings, embedded_broker_url, fallback_memory
 from sluice.deploy.commands import autoscale, deploy, metrics
@@ -57,6 +58,7 @@ def main() -> None:
       sluice explain -A APP       where each task of an app is routed, and why
       sluice dead-letters list    messages workers could not run, kept with the reason
       sluice compute task.py -w 4 run plan()/execute() over workers with a durable sink
+      sluice runs                 batch runs, what they take in Redis and on disk, when it expires
       sluice deploy render        Kubernetes manifests for the catalog
     """
 
@@ -328,6 +330,7 @@ def demo(timeout: float) -> None:
 
 
 main.add_command(compute)
+main.add_command(runs_group)
 main.add_command(deploy)
 main.add_command(autoscale)
 main.add_command(metrics)

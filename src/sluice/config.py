@@ -35,7 +35,7 @@ log = logging.getLogger("sluice.config")
 
 SETTING_KEYS = ("broker_url", "result_backend", "default_cpu", "default_memory", "visibility_timeout",
                 "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes", "remote_secret",
-                "intake_queue", "auto_min_runs", "auto_headroom", "auto_floor")
+                "intake_queue", "auto_min_runs", "auto_headroom", "auto_floor", "run_ttl")
 
 #: The compute of a task that declares none, unless configured ("auto" memory falls back to it too).
 BUILTIN_DEFAULT_COMPUTE = Compute(cpu="1", memory="512Mi")
@@ -89,6 +89,8 @@ class Settings:
     auto_headroom: float = 1.3
     #: ``memory="auto"``: the smallest learned size, in bytes
     auto_floor: int = 64 << 20
+    #: Seconds a batch run's Redis data (and its directory, unless kept) outlive the run's end.
+    run_ttl: float = 3 * 86_400.0
     #: Each capability's section, by its class (see :meth:`section`).
     sections: Mapping[type, Any] = field(default_factory=dict)
 
@@ -165,13 +167,14 @@ class Settings:
             auto_min_runs=bounded(table, "auto_min_runs", defaults.auto_min_runs, int, *BOUNDS["auto_min_runs"]),
             auto_headroom=bounded(table, "auto_headroom", defaults.auto_headroom, float, *BOUNDS["auto_headroom"]),
             auto_floor=memory_size(table, "auto_floor", defaults.auto_floor),
+            run_ttl=bounded(table, "run_ttl", defaults.run_ttl, float, *BOUNDS["run_ttl"]),
         )
 
 
 #: Each numeric core setting's accepted range, inclusive.
 BOUNDS = {"visibility_timeout": (1, 10 * 365 * 86_400), "watchdog_interval": (0.005, 10.0),
           "heartbeat_interval": (0.1, 60.0), "reaper_interval": (0.1, 3600.0), "orphan_grace": (0.1, 86_400.0),
-          "auto_min_runs": (1, 1_000_000), "auto_headroom": (1.0, 100.0)}
+          "auto_min_runs": (1, 1_000_000), "auto_headroom": (1.0, 100.0), "run_ttl": (1.0, 10 * 365 * 86_400.0)}
 
 
 def bounded(table: Mapping[str, Any], key: str, default: Any, kind: type, low: float, high: float,

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from sluice import redis_client
 from sluice.app import App
-from sluice.client.batch import finalise, torchrun
+from sluice.client.batch import finalise, runs, torchrun
 from sluice.client.batch.driver import Driver
 from sluice.client.batch.local_workers import LocalWorkers
 from sluice.client.batch.observe import Observer
@@ -75,10 +75,12 @@ class RunOptions:
 @click.option("--run-id", default=None, help="Name of the run (default: derived from --sink, so --resume finds it).")
 @click.option("--quarantine-after", type=int, default=3, show_default=True,
               help="Stop sending items to a worker after this many infrastructure failures on it.")
+@click.option("--keep", is_flag=True,
+              help="Keep the run's directory (and a default sink) past run_ttl; its Redis data expires anyway.")
 def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None, workers: int | None,
             per_worker: int, python: str, retries: int, results_mode: str, sink: Path | None, resume: bool,
             rerun_failed: bool, observe: bool, traj: bool, broker: str | None, run_id: str | None,
-            quarantine_after: int) -> None:
+            quarantine_after: int, keep: bool) -> None:
     """Run TASK_FILE's plan() items through execute() on workers. Arguments after `--` go to the
     file's own argparse, exactly as `python TASK_FILE ...` would get them.
 
@@ -109,26 +111,37 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
         workers = 1
     if run_id is None:
         run_id = hashlib.sha1(str(sink.resolve()).encode()).hexdigest()[:16] if sink else uuid.uuid4().hex[:16]
-    sink_dir = sink or settings.home / "runs" / run_id
+    sink_dir = sink or runs.run_dir(settings.home, run_id)
     if sink and not resume and any((sink_dir / n).exists() for n in ("ready.ndjson", "failures.ndjson")):
         raise click.UsageError(f"{sink_dir} already holds results: pass --resume to continue that run, or use a "
                                "fresh --sink directory")
+    runs.sweep(settings.home, settings.run_ttl)
     embedded = None
-    if url is None:
-        embedded = (EmbeddedRedis(settings.home / "compute-redis", bind=ranks.bind_address, host=ranks.master_addr)
-                    if ranks else EmbeddedRedis(settings.home / "compute-redis"))
+    if url is None:   # a Redis of the run's own (a second run never shares its append-only file)
+        where = runs.redis_dir(settings.home, run_id)
+        owner = f"sluice compute run {run_id}"
+        embedded = (EmbeddedRedis(where, bind=ranks.bind_address, host=ranks.master_addr, owner=owner)
+                    if ranks else EmbeddedRedis(where, owner=owner))
         url = embedded.start().url
+    record = runs.RunRecord.begin(settings.home, run_id, sink_dir, runs.describe_broker(None if embedded else url),
+                                  keep)
+    code = EXIT_INTERRUPTED
     try:
+        client = redis_client.connect(url)
+        runs.hold(client, run_id)
         if ranks:
-            torchrun.reset(redis_client.connect(url), run_id)
-            torchrun.share_run(ranks, {"broker": url, "run_id": run_id, "queue": private_queue(run_id)},
+            torchrun.reset(client, run_id)
+            torchrun.share_run(ranks, {"broker": url, "run_id": run_id, "queue": runs.private_queue(run_id)},
                                broker or settings.broker_url)
         options = RunOptions(workers, per_worker, python, retries, results_mode, resume, rerun_failed, observe,
                              quarantine_after)
         code = _run(tf, url, run_id, sink_dir, options, settings, ranks)
         if ranks:
-            torchrun.release(redis_client.connect(url), ranks, run_id, code)
+            torchrun.release(client, ranks, run_id, code)
+        if code != EXIT_BROKER_LOST:
+            runs.expire(client, run_id, settings.run_ttl)
     finally:
+        record.end(settings.home, code)
         if embedded is not None:
             embedded.stop()
     if traj:
@@ -151,18 +164,13 @@ def _check(tf: TaskFile, count: int) -> int:
     return 1 if failed else 0
 
 
-def private_queue(run_id: str) -> str:
-    """The queue local workers of a run consume (and nothing else does)."""
-    return f"sluice.run.{run_id}"
-
-
 def _serve_rank(ranks: Ranks, broker: str | None, workers: int, per_worker: int, python: str,
                 settings: Settings) -> int:
     """A torchrun rank other than 0: run local workers for rank 0's run until it ends."""
     run = torchrun.share_run(ranks, None, broker)
     client = redis_client.connect(run["broker"])
     local = LocalWorkers(workers, per_worker, run["queue"], run["run_id"], python,
-                         settings.home / "runs" / run["run_id"] / f"rank-{ranks.rank}-logs",
+                         runs.run_dir(settings.home, run["run_id"]) / f"rank-{ranks.rank}-logs",
                          {"SLUICE_BROKER_URL": run["broker"]}, prefix=f"r{ranks.rank}.").start()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -188,7 +196,7 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOption
     app = App("sluice.compute", broker=url)
     app.conf.task_send_sent_event = False  # one event per chunk would double the driver's publishing
     run_compute = (tf.compute or app.default_compute).inherit(app.default_compute)
-    queue = private_queue(run_id) if workers else app.catalog.route(run_compute, tf.filename).name
+    queue = runs.private_queue(run_id) if workers else app.catalog.route(run_compute, tf.filename).name
     store = Sink(sink_dir).open()
     if store.repaired:
         console.print(f"repaired a torn last line in {', '.join(store.repaired)}")
