@@ -80,6 +80,7 @@ def test_sink_resume_and_observe(tmp_path: Path) -> None:
                     home=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "done=100 failed=0" in again.stderr         # plain progress lines: stderr is not a terminal
+    assert "in_flight=" in again.stderr and "running=" not in again.stderr   # queued items are not "running"
     assert "300 skipped" in again.stderr
     assert len({r["id"] for r in lines(sink / "ready.ndjson")}) == 400 == len(lines(sink / "ready.ndjson"))
     refused = compute(str(EXAMPLE), "-w", "1", "--sink", str(sink), "--", "--n", "1", home=tmp_path)

@@ -48,6 +48,7 @@ def test_killed_at_150Mi_escalates_to_300Mi_on_the_next_class(ladder: tuple[Modu
     assert [(h["attempt"], h["queue"], h["reason"]) for h in history] == [(1, "small", "memory"),
                                                                            (2, "medium", "succeeded")]
     assert history[0]["compute"] == {"cpu": "1", "memory": "150Mi"}
+    assert history[1]["compute"] == {"cpu": "1", "memory": "300Mi"}   # the size that succeeded
     assert runs(redis_server.client(), result.id) == ["small", "medium"]
     assert (f"grows[{result.id}] killed for memory at 150Mi on small; retrying at 300Mi on medium (attempt 2 of 4)"
             in pool.log("ladder"))

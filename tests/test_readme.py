@@ -7,6 +7,7 @@ terminal closing) stopping everything."""
 
 from __future__ import annotations
 
+import builtins
 import fcntl
 import json
 import os
@@ -17,6 +18,7 @@ import select
 import socket
 import stat
 import subprocess
+import symtable
 import sys
 import termios
 import threading
@@ -28,8 +30,6 @@ import pytest
 from sluice import keys
 from tests.conftest import ROOT, wait_for
 
-pytestmark = pytest.mark.integration
-
 BIN = Path(sys.executable).parent
 #: Colours and cursor moves a terminal gets (rich highlights numbers, for one).
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -40,6 +40,33 @@ def quick_start_blocks() -> list[tuple[str, str]]:
     text = (ROOT / "README.md").read_text()
     section = text.split("## Quick start: `.delay()`", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
+
+
+def undefined_names(code: str) -> set[str]:
+    """Names a Python block uses that it neither defines nor imports (nor are builtins)."""
+    top = symtable.symtable(code, "<README block>", "exec")
+    defined = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    missing: set[str] = set()
+
+    def walk(table: symtable.SymbolTable) -> None:
+        for symbol in table.get_symbols():
+            name = symbol.get_name()
+            used_from_module = symbol.is_global() or table is top
+            if symbol.is_referenced() and used_from_module and name not in defined and not hasattr(builtins, name):
+                missing.add(name)
+        for child in table.get_children():
+            walk(child)
+
+    walk(top)
+    return missing
+
+
+@pytest.mark.parametrize("block", re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S),
+                         ids=lambda block: block.splitlines()[0][:40])
+def test_every_python_block_of_the_readme_defines_what_it_uses(block: str) -> None:
+    """A newcomer pastes a block and it runs: no block leans on a name (an `app`, say) that only
+    another block or the reader's imagination defines."""
+    assert undefined_names(block) == set(), block
 
 
 class Terminal:
@@ -84,6 +111,7 @@ class Terminal:
         os.close(self.master)
 
 
+@pytest.mark.integration
 def test_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
     """Every command of the quick start exits 0 against the `sluice up` it starts; the task
     reaches a worker that knows it (the result comes back) and routes to highmem."""

@@ -20,7 +20,7 @@ from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.routing import ComputeRouter
 from sluice.queues.task_catalog import TaskDirectory
-from sluice.tasks import memory_profile
+from sluice.tasks import memory_profile, result_backend
 from sluice.tasks.base import ComputeTask
 from sluice.tasks.retry import RetryPolicy
 from sluice.workers.bootstep import SluiceWorkerStep
@@ -114,6 +114,8 @@ class App(Celery):
         _check_redis_url(broker)
         super().__init__(main, broker=broker, backend=backend or settings.result_backend or broker,
                          task_cls=ComputeTask, **kwargs)
+        self.loader.override_backends = {**self.loader.override_backends, "redis": result_backend.PATH,
+                                         "rediss": result_backend.PATH}
         self.conf.update(safe_defaults(settings, self.catalog.default_class.name))
         self.conf.task_routes = (ComputeRouter(self),)
         self.steps["worker"].add(SluiceWorkerStep)

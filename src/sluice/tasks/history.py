@@ -34,10 +34,11 @@ def read(client: redis.Redis, task_id: str) -> list[dict[str, Any]]:
 
 def attempts(result: AsyncResult) -> list[dict[str, Any]]:
     """Every attempt of a task: the ones that failed (attempt, queue, compute, reason, detail,
-    worker) and, if it succeeded, the successful one (from the result's extended meta)."""
+    worker) and, if it succeeded, the successful one (attempt, queue, compute, reason, worker:
+    from the result's extended meta)."""
     history = read(result.app.redis, result.id)
     if result.state == "SUCCESS":
         meta = result.backend.get_task_meta(result.id)
-        history.append({"attempt": len(history) + 1, "queue": meta.get("queue"), "reason": "succeeded",
-                        "worker": meta.get("worker")})
+        history.append({"attempt": len(history) + 1, "queue": meta.get("queue"), "compute": meta.get("compute"),
+                        "reason": "succeeded", "worker": meta.get("worker")})
     return history

@@ -1,4 +1,8 @@
-"""``--observe``: a live rich display of a run, or one plain line per interval when not on a terminal."""
+"""``--observe``: a live rich display of a run, or one plain line per interval when not on a terminal.
+
+"in flight" counts items dispatched and not yet recorded: running, or queued in a chunk behind
+them (the driver keeps more in flight than there are slots, so that no slot waits for work).
+"""
 
 from __future__ import annotations
 
@@ -47,11 +51,11 @@ class Observer:
 
     def line(self, p: Progress) -> str:
         quarantined = f" quarantined={','.join(p.quarantined)}" if p.quarantined else ""
-        return (f"done={p.ok} failed={p.failed} cancelled={p.cancelled} running={p.in_flight} "
+        return (f"done={p.ok} failed={p.failed} cancelled={p.cancelled} in_flight={p.in_flight} "
                 f"skipped={p.skipped} rate={p.rate():.1f}/s eta={self.eta(p)}{quarantined}")
 
     def render(self, p: Progress) -> Group:
-        cells = [("done", p.ok), ("failed", p.failed), ("cancelled", p.cancelled), ("running", p.in_flight),
+        cells = [("done", p.ok), ("failed", p.failed), ("cancelled", p.cancelled), ("in flight", p.in_flight),
                  ("skipped", p.skipped), ("rate", f"{p.rate():.1f}/s"), ("eta", self.eta(p))]
         summary = Table.grid(padding=(0, 2))
         summary.add_row(*(f"[bold]{label}[/bold] {value}" for label, value in cells))
