@@ -90,3 +90,26 @@ def test_default_compute_that_fits_nowhere_fails_at_app_creation(redis_server: E
 def test_non_redis_broker_rejected() -> None:
     with pytest.raises(ConfigurationError, match="amqp://x"):
         App("t", broker="amqp://x")
+
+
+def test_a_sentinel_broker_needs_its_master_name_and_sentinel_urls() -> None:
+    """`sentinel://` brokers are accepted (Celery's form, ';' between Sentinels); without a master
+    name, or with a part that is not a Sentinel URL, the App says so at construction."""
+    import pytest
+
+    from sluice import App
+    from sluice.config import Settings
+    from sluice.errors import ConfigurationError
+
+    url = "sentinel://:pw@127.0.0.1:26379/0;sentinel://127.0.0.1:26380/0"
+    with pytest.raises(ConfigurationError, match="SLUICE_SENTINEL_MASTER"):
+        App("tests.sentinel.nameless", broker=url, settings=Settings.load(env={}))
+    with pytest.raises(ConfigurationError, match="'redis://h:1' is not sentinel://host:port"):
+        App("tests.sentinel.mixed", broker="sentinel://h:26379;redis://h:1",
+            settings=Settings.load(env={"SLUICE_SENTINEL_MASTER": "m"}))
+    app = App("tests.sentinel.named", broker=url,
+              settings=Settings.load(env={"SLUICE_SENTINEL_MASTER": "m", "SLUICE_SENTINEL_PASSWORD": "s"}))
+    assert app.conf.broker_transport == "sluice-sentinel"
+    for options in (app.conf.broker_transport_options, app.conf.result_backend_transport_options):
+        assert options["master_name"] == "m" and options["sentinel_kwargs"]["password"] == "s"
+    assert type(app.backend).__name__ == "ComputeSentinelBackend"

@@ -28,12 +28,13 @@ from sluice.workers.bootstep import SluiceWorkerStep
 if TYPE_CHECKING:
     from sluice.capability import Capability
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_SCHEMES = ("redis", "rediss", "unix", redis_client.SENTINEL_SCHEME)
 #: Where an app points when nothing is configured and no ``sluice up`` is running.
 FALLBACK_BROKER = "redis://127.0.0.1:6379/0"
 
 
-def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
+def safe_defaults(settings: Settings, default_queue: str, broker: str = FALLBACK_BROKER,
+                  backend: str = FALLBACK_BROKER) -> dict[str, Any]:
     """Celery settings chosen for long, memory-hungry tasks (each one explained in the README).
 
     * ``task_acks_late`` + prefetch 1: a message is acknowledged only once its task has ended,
@@ -48,8 +49,12 @@ def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
     * the ``sluice`` transport (``sluice.transport``): reliable fetch, dead letters, leases;
       and a consumer that keeps every message Celery cannot run as a dead letter.
     """
+    sentinel = ({"master_name": redis_client.require_master_name(url, settings),
+                 "sentinel_kwargs": redis_client.sentinel_kwargs(settings)}
+                for url in (broker, backend) if redis_client.is_sentinel(url))
+    sentinel_options = next(sentinel, {})
     return {
-        "broker_transport": transport.ALIAS,
+        "broker_transport": transport.alias_for(broker),
         "worker_consumer": "sluice.workers.consumer:SluiceConsumer",
         "task_acks_late": True,
         "worker_prefetch_multiplier": 1,
@@ -59,7 +64,9 @@ def safe_defaults(settings: Settings, default_queue: str) -> dict[str, Any]:
         "result_accept_content": ["json"],
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout,
                                      transport.LEASE_OPTION: transport.lease_interval(
-                                         settings.visibility_timeout, settings.orphan_grace)},
+                                         settings.visibility_timeout, settings.orphan_grace),
+                                     **(sentinel_options if redis_client.is_sentinel(broker) else {})},
+        "result_backend_transport_options": sentinel_options if redis_client.is_sentinel(backend) else {},
         "result_extended": True,
         "task_track_started": True,
         "task_send_sent_event": True,
@@ -114,9 +121,9 @@ class App(Celery):
         _check_redis_url(broker)
         super().__init__(main, broker=broker, backend=backend or settings.result_backend or broker,
                          task_cls=ComputeTask, **kwargs)
-        self.loader.override_backends = {**self.loader.override_backends, "redis": result_backend.PATH,
-                                         "rediss": result_backend.PATH}
-        self.conf.update(safe_defaults(settings, self.catalog.default_class.name))
+        self.loader.override_backends = {**self.loader.override_backends, **result_backend.PATHS}
+        self.conf.update(safe_defaults(settings, self.catalog.default_class.name, broker,
+                                       backend or settings.result_backend or broker))
         self.conf.task_routes = (ComputeRouter(self),)
         self.steps["worker"].add(SluiceWorkerStep)
         self.user_options["worker"].add(click.Option(
@@ -213,7 +220,7 @@ class App(Celery):
     @functools.cached_property
     def redis(self) -> redis.Redis:
         """A redis-py client on the broker's Redis (sluice keeps its own state there too)."""
-        return redis_client.connect(self.conf.broker_url)
+        return redis_client.connect(self.conf.broker_url, settings=self.settings)
 
 
 def _check_options(opts: dict[str, Any], fun: Any) -> None:
@@ -233,4 +240,7 @@ def _task_name(fun: Any, opts: dict[str, Any]) -> str:
 def _check_redis_url(url: str) -> None:
     if urlparse(url).scheme not in REDIS_SCHEMES:
         raise ConfigurationError(
-            f"broker {url!r} is not a Redis URL; sluice keeps its state in Redis, use redis://, rediss:// or unix://")
+            f"broker {url!r} is not a Redis URL; sluice keeps its state in Redis, use redis://, rediss://, unix:// "
+            "or sentinel://host:26379;sentinel://host2:26379 (with sentinel_master set)")
+    if redis_client.is_sentinel(url):
+        redis_client.sentinel_nodes(url)

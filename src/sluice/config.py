@@ -35,7 +35,8 @@ log = logging.getLogger("sluice.config")
 
 SETTING_KEYS = ("broker_url", "result_backend", "default_cpu", "default_memory", "visibility_timeout",
                 "watchdog_interval", "heartbeat_interval", "reaper_interval", "orphan_grace", "home", "classes", "remote_secret",
-                "intake_queue", "auto_min_runs", "auto_headroom", "auto_floor", "run_ttl")
+                "intake_queue", "auto_min_runs", "auto_headroom", "auto_floor", "run_ttl", "sentinel_master",
+                "sentinel_password")
 
 #: The compute of a task that declares none, unless configured ("auto" memory falls back to it too).
 BUILTIN_DEFAULT_COMPUTE = Compute(cpu="1", memory="512Mi")
@@ -91,6 +92,10 @@ class Settings:
     auto_floor: int = 64 << 20
     #: Seconds a batch run's Redis data (and its directory, unless kept) outlive the run's end.
     run_ttl: float = 3 * 86_400.0
+    #: With a ``sentinel://`` broker: the name the Sentinels monitor the master under.
+    sentinel_master: str | None = None
+    #: With a ``sentinel://`` broker: the Sentinels' own password (the URL's is the master's).
+    sentinel_password: str | None = None
     #: Each capability's section, by its class (see :meth:`section`).
     sections: Mapping[type, Any] = field(default_factory=dict)
 
@@ -168,6 +173,8 @@ class Settings:
             auto_headroom=bounded(table, "auto_headroom", defaults.auto_headroom, float, *BOUNDS["auto_headroom"]),
             auto_floor=memory_size(table, "auto_floor", defaults.auto_floor),
             run_ttl=bounded(table, "run_ttl", defaults.run_ttl, float, *BOUNDS["run_ttl"]),
+            sentinel_master=text(table, "sentinel_master"),
+            sentinel_password=text(table, "sentinel_password"),
         )
 
 

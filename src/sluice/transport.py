@@ -39,12 +39,12 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 from redis.exceptions import NoScriptError
 
-from sluice import _kombu, keys
+from sluice import _kombu, keys, redis_client
 
 log = logging.getLogger("sluice.transport")
 
-#: The alias every sluice App names in ``broker_transport``.
-ALIAS = "sluice"
+#: The alias every sluice App names in ``broker_transport`` (``SENTINEL_ALIAS`` for ``sentinel://``).
+ALIAS, SENTINEL_ALIAS = "sluice", "sluice-sentinel"
 FETCH = _kombu.lua_source("fetch")
 FETCH_SHA = hashlib.sha1(FETCH.encode()).hexdigest()
 FORWARD = _kombu.lua_source("forward")
@@ -274,4 +274,23 @@ def lease_interval(visibility_timeout: float, orphan_grace: float | None = None)
     return max(0.25, min(visibility_timeout / 4, (orphan_grace or visibility_timeout) / 4, 30.0))
 
 
+class SentinelChannel(ReliableChannel, kombu_redis.SentinelChannel):
+    """:class:`ReliableChannel` on the master Redis Sentinel names (kombu's Sentinel pool: after
+    a failover the next connection goes to the new master)."""
+
+
+class SentinelTransport(Transport):
+    """The sluice transport for ``sentinel://`` broker URLs (transport options ``master_name``,
+    ``sentinel_kwargs``; the App sets them from its settings)."""
+
+    Channel = SentinelChannel
+    default_port = kombu_redis.SentinelTransport.default_port
+
+
+def alias_for(url: str) -> str:
+    """The transport alias an App names for a broker URL."""
+    return SENTINEL_ALIAS if redis_client.is_sentinel(url) else ALIAS
+
+
 TRANSPORT_ALIASES.setdefault(ALIAS, f"{__name__}:Transport")
+TRANSPORT_ALIASES.setdefault(SENTINEL_ALIAS, f"{__name__}:SentinelTransport")

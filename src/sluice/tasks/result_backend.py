@@ -2,28 +2,40 @@
 successful attempt ran with, so ``sluice.attempts()`` can say at which size a task succeeded
 (the failed attempts' records carry theirs). It rides in the result meta Celery writes anyway
 (``result_extended``), so it costs no round trip. Installed by the App as the backend for
-``redis://`` and ``rediss://`` URLs (the loader's ``override_backends``)."""
+``redis://``, ``rediss://`` and ``sentinel://`` URLs (the loader's ``override_backends``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from celery import states
-from celery.backends.redis import RedisBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
 
-#: What the App maps Redis result backend URLs to.
-PATH = "sluice.tasks.result_backend:ComputeResultBackend"
+#: What the App maps result backend URLs to, by scheme.
+PATHS = {scheme: f"{__name__}:ComputeResultBackend" for scheme in ("redis", "rediss")} | {
+    "sentinel": f"{__name__}:ComputeSentinelBackend"}
 
 
-class ComputeResultBackend(RedisBackend):
+class WithCompute:
+    """Mixed into Celery's Redis backends: a ComputeTask's successful result names its compute."""
+
     def _get_result_meta(self, result: Any, state: str, traceback: Any, request: Any, format_date: bool = True,
                          encode: bool = False) -> dict[str, Any]:
-        meta = super()._get_result_meta(result, state, traceback, request, format_date=format_date, encode=encode)
+        meta: dict[str, Any] = super()._get_result_meta(  # type: ignore[misc]
+            result, state, traceback, request, format_date=format_date, encode=encode)
         if state == states.SUCCESS and request is not None:
             from sluice.tasks.base import ComputeTask
             from sluice.tasks.escalation import Attempt
 
-            task = self.app.tasks.get(getattr(request, "task", None) or "")
+            task = self.app.tasks.get(getattr(request, "task", None) or "")  # type: ignore[attr-defined]
             if isinstance(task, ComputeTask):
                 meta["compute"] = Attempt.of(task, request, getattr(request, "delivery_info", None)).compute.to_dict()
         return meta
+
+
+class ComputeResultBackend(WithCompute, RedisBackend):
+    """Celery's Redis result backend, with the compute of the attempt that succeeded."""
+
+
+class ComputeSentinelBackend(WithCompute, SentinelBackend):
+    """Celery's Redis Sentinel result backend, with the compute of the attempt that succeeded."""
