@@ -88,12 +88,17 @@ def test_sink_resume_and_observe(tmp_path: Path) -> None:
 
 
 def test_traj_writes_every_success_once_as_a_lance_dataset_and_resume_rebuilds_it(tmp_path: Path) -> None:
+    """--traj writes each success once; its closing line names the dataset on one line even when
+    piped with a path longer than 80 columns (a folded path is one a user cannot copy or grep)."""
     import lance
 
-    sink = tmp_path / "run"
-    first = compute(str(EXAMPLE), "-w", "2", "--sink", str(sink), "--traj", "--", "--n", "120", home=tmp_path)
+    sink = tmp_path / ("a-sink-directory-with-a-long-name-" * 3) / "run"
+    env = {k: v for k, v in _env(tmp_path).items() if k != "COLUMNS"}
+    first = subprocess.run([sys.executable, "-m", "sluice", "compute", str(EXAMPLE), "-w", "2", "--sink", str(sink),
+                            "--traj", "--", "--n", "120"], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                           env=env)
     assert first.returncode == 0, first.stderr
-    assert f"wrote Lance dataset {sink / 'results.lance'} (120 rows)" in first.stderr.replace("\n", "")
+    assert f"wrote Lance dataset {sink / 'results.lance'} (120 rows)\n" in first.stderr.splitlines(keepends=True)
     again = compute(str(EXAMPLE), "-w", "2", "--sink", str(sink), "--resume", "--traj", "--", "--n", "150",
                     home=tmp_path)
     assert again.returncode == 0, again.stderr

@@ -11,11 +11,10 @@ from typing import Any, NamedTuple
 import click
 import redis
 from celery.app.utils import find_app
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from sluice import redis_client
+from sluice import redis_client, terminal
 from sluice.app import App
 from sluice.client.batch.cli import compute
 from sluice.client.batch.runs_commands import runs_group
@@ -29,8 +28,7 @@ from sluice.queues.commands import dead_letters_group
 from sluice.tasks.commands import profile_group
 from sluice.workers.gpu import gpu_count
 
-#: On a terminal, its width; piped, as wide as the content (rich would cut tables at 80 columns).
-console = Console(width=None if sys.stdout.isatty() else 1000)
+console = terminal.console()
 
 
 def load_app(name: str) -> App:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from sluice import terminal
 from sluice.tasks import memory_profile
 from sluice.units import format_size
 
@@ -39,7 +39,7 @@ def show(task: str | None, app_name: str | None) -> None:
         found = memory_profile.read(client, name)
         table.add_row(name, str(found.count), format_size(found.p50), format_size(found.p95), format_size(found.peak),
                       str(found.kills))
-    Console().print(table)
+    terminal.console().print(table)
 
 
 @profile_group.command("reset")

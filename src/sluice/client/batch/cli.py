@@ -16,9 +16,8 @@ from typing import Any
 import click
 import redis
 from kombu.exceptions import OperationalError
-from rich.console import Console
 
-from sluice import redis_client
+from sluice import redis_client, terminal
 from sluice.app import App
 from sluice.client.batch import finalise, runs, torchrun
 from sluice.client.batch.driver import Driver
@@ -33,7 +32,7 @@ from sluice.client.batch.trajectory import require_lance, write_trajectory
 from sluice.config import Settings
 from sluice.deploy.embedded import EmbeddedRedis
 
-console = Console(stderr=True)
+console = terminal.console(stderr=True)
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import click
 import redis
-from rich.console import Console
 from rich.table import Table
 
-from sluice import keys, redis_client
+from sluice import keys, redis_client, terminal
 from sluice.client.batch import runs
 from sluice.config import Settings, embedded_broker_url
 from sluice.units import format_size
 
-console = Console()
+console = terminal.console()
 
 
 def _broker(settings: Settings) -> redis.Redis | None:
