@@ -25,13 +25,17 @@ KEDA = Path(os.environ.get("SLUICE_KEDA_SCHEMAS", ROOT / "tests" / "schemas" / "
 CATALOG = Settings.load(cwd=ROOT, env={}).catalog
 FILES = render(CATALOG, RenderOptions())
 DOCS = [doc for docs in FILES.values() for doc in docs]
+SENTINEL_FILES = render(CATALOG, RenderOptions(redis_sentinel=True))
+SENTINEL_DOCS = [doc for docs in SENTINEL_FILES.values() for doc in docs]
+SENTINEL_REDIS = [d for d in SENTINEL_DOCS if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "redis"]
 
 
 def _id(doc: dict[str, Any]) -> str:
     return f"{doc['kind']}/{doc['metadata']['name']}"
 
 
-@pytest.mark.parametrize("doc", [d for d in DOCS if not d["apiVersion"].startswith("keda.sh")], ids=_id)
+@pytest.mark.parametrize("doc", [d for d in DOCS + SENTINEL_REDIS if not d["apiVersion"].startswith("keda.sh")],
+                         ids=_id)
 @pytest.mark.parametrize("version", ["1.31.0", "1.37.0"])
 def test_builtin_objects_validate(doc: dict[str, Any], version: str) -> None:
     kubernetes_validate.validate(doc, version, strict=True)
@@ -59,7 +63,7 @@ def _crd_schema(kind: str) -> dict[str, Any]:
     return _strict(schema)
 
 
-@pytest.mark.parametrize("doc", FILES["keda.yaml"], ids=_id)
+@pytest.mark.parametrize("doc", FILES["keda.yaml"] + SENTINEL_FILES["keda.yaml"], ids=_id)
 def test_keda_objects_validate_against_kedas_crds(doc: dict[str, Any]) -> None:
     jsonschema.validate(doc, _crd_schema(doc["kind"]))
 
@@ -91,8 +95,9 @@ def test_worker_pods_are_guaranteed_qos_sized_by_slots() -> None:
         assert container["args"][container["args"].index("--queue") + 1] == rc.name
 
 
-def test_every_pod_passes_the_restricted_profile() -> None:
-    pods = [d["spec"]["template"]["spec"] for d in DOCS if d["kind"] in ("Deployment", "StatefulSet")]
+@pytest.mark.parametrize("docs", [DOCS, SENTINEL_DOCS], ids=["one-redis", "sentinel"])
+def test_every_pod_passes_the_restricted_profile(docs: list[dict[str, Any]]) -> None:
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
     assert len(pods) == len(CATALOG) + 3      # workers, redis, flower, autoscaler
     for pod in pods:
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -102,7 +107,7 @@ def test_every_pod_passes_the_restricted_profile() -> None:
             assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
             assert sc["capabilities"] == {"drop": ["ALL"]}
             assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
-    namespace = next(d for d in DOCS if d["kind"] == "Namespace")
+    namespace = next(d for d in docs if d["kind"] == "Namespace")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
@@ -125,6 +130,62 @@ def test_secrets_are_referenced_never_rendered() -> None:
     assert not [a for argv in argvs for a in argv if "$(" in a], argvs
     auth = FILES["keda.yaml"][0]
     assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "sluice-redis", "key": "password"}]
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_sentinel_is_one_option_and_every_client_reaches_the_master_through_the_sentinels() -> None:
+    """--sentinel swaps the one Redis for a StatefulSet of three nodes (a Redis and a Sentinel
+    each, the node script from the package) and points every client — workers, Flower, the
+    autoscaler, KEDA — at exactly those Sentinels under the master set name the nodes use, with the
+    Sentinels' password from the Secret. Nothing else in the topology changes."""
+    from sluice import redis_client
+    from sluice.deploy.platform import redis_node_script
+
+    (statefulset,) = [d for d in SENTINEL_DOCS if d["kind"] == "StatefulSet"]
+    spec = statefulset["spec"]
+    redis_container, sentinel_container = spec["template"]["spec"]["containers"]
+    node_env = _env(redis_container)
+    pods = [f"{statefulset['metadata']['name']}-{i}.{spec['serviceName']}.sluice.svc:26379"
+            for i in range(spec["replicas"])]
+    assert spec["replicas"] == 3 and _env(sentinel_container) == node_env
+    assert [f"{n}:26379" for n in node_env["NODES"].split()] == pods
+    (service,) = [d for d in SENTINEL_DOCS if d["kind"] == "Service" and d["metadata"]["name"] == spec["serviceName"]]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    (configmap,) = [d for d in SENTINEL_DOCS if d["kind"] == "ConfigMap"]
+    assert configmap["data"] == {"redis_node.sh": redis_node_script()}
+
+    clients = [c for d in SENTINEL_DOCS if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]]
+    assert len(clients) == len(CATALOG) + 2
+    for container in clients:
+        env = _env(container)
+        nodes, _ = redis_client.sentinel_nodes(env["SLUICE_BROKER_URL"].replace("$(REDIS_PASSWORD)", "pw"))
+        assert [f"{host}:{port}" for host, port in nodes] == pods
+        assert env["SLUICE_SENTINEL_MASTER"] == node_env["MASTER_SET"]
+        assert env["SLUICE_SENTINEL_PASSWORD"] == env["REDIS_PASSWORD"] == node_env["REDIS_PASSWORD"]
+    auth, *scaled = SENTINEL_FILES["keda.yaml"]
+    assert {r["parameter"] for r in auth["spec"]["secretTargetRef"]} == {"password", "sentinelPassword"}
+    for so in scaled:
+        (trigger,) = so["spec"]["triggers"]
+        assert trigger["type"] == "redis-sentinel"
+        assert trigger["metadata"]["addresses"].split(",") == pods
+        assert trigger["metadata"]["sentinelMaster"] == node_env["MASTER_SET"]
+    rest = [(d["kind"], d["metadata"]["name"]) for d in SENTINEL_DOCS if d["metadata"].get("labels", {}).get(
+        "app.kubernetes.io/component") != "redis"]
+    assert rest == [(d["kind"], d["metadata"]["name"]) for d in DOCS if d["metadata"].get("labels", {}).get(
+        "app.kubernetes.io/component") != "redis"]
+
+
+def test_render_sentinel_flag_prints_the_sentinel_topology() -> None:
+    out = subprocess.run([sys.executable, "-m", "sluice", "deploy", "render", "--sentinel"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert [doc for doc in yaml.safe_load_all(out.stdout) if doc] == SENTINEL_DOCS
+    refused = subprocess.run([sys.executable, "-m", "sluice", "deploy", "compose", "--sentinel"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert refused.returncode == 2 and "--sentinel is for Kubernetes" in refused.stderr
 
 
 def test_scaled_objects_follow_the_catalog() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -12,11 +14,10 @@ from sluice.deploy import kube_client
 from sluice.deploy.manifests import Manifest, RenderOptions, render, to_yaml
 
 
-def _rendered(app_name: str, namespace: str, image: str, grace: int) -> dict[str, list[Manifest]]:
+def _rendered(options: RenderOptions) -> dict[str, list[Manifest]]:
     from sluice.cli import load_app
 
-    options = RenderOptions(app=app_name, namespace=namespace, image=image, grace_seconds=grace)
-    return render(load_app(app_name).catalog, options)
+    return render(load_app(options.app).catalog, options)
 
 
 _render_options = [
@@ -26,13 +27,21 @@ _render_options = [
     click.option("--image", default=RenderOptions.image, show_default=True, help="Image with your app installed."),
     click.option("--grace", default=RenderOptions.grace_seconds, show_default=True,
                  help="Seconds a worker pod gets to finish running tasks on shutdown (warm shutdown)."),
+    click.option("--sentinel", is_flag=True,
+                 help="Redis as three nodes with Sentinel (a failover in seconds when a node dies) instead of one."),
 ]
 
 
 def render_options(command):  # noqa: ANN001, ANN201 - click decorator plumbing
+    """The options every renderer takes, handed to ``command`` as one ``options: RenderOptions``."""
+    @functools.wraps(command)
+    def with_options(app_name: str, namespace: str, image: str, grace: int, sentinel: bool, **rest: Any) -> Any:
+        return command(RenderOptions(app=app_name, namespace=namespace, image=image, grace_seconds=grace,
+                                     redis_sentinel=sentinel), **rest)
+
     for option in reversed(_render_options):
-        command = option(command)
-    return command
+        with_options = option(with_options)
+    return with_options
 
 
 @click.group()
@@ -44,10 +53,10 @@ def deploy() -> None:
 @render_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write sluice.yaml, keda.yaml and autoscaler.yaml here (default: all to stdout).")
-def render_command(app_name: str, namespace: str, image: str, grace: int, out: Path | None) -> None:
+def render_command(options: RenderOptions, out: Path | None) -> None:
     """Render the Namespace, Redis, Flower, a worker Deployment per class, KEDA ScaledObjects, and
     the built-in autoscaler (use either keda.yaml or autoscaler.yaml)."""
-    files = _rendered(app_name, namespace, image, grace)
+    files = _rendered(options)
     if out is None:
         click.echo(to_yaml([doc for docs in files.values() for doc in docs]), nl=False)
         return
@@ -61,13 +70,14 @@ def render_command(app_name: str, namespace: str, image: str, grace: int, out: P
 @render_options
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the file here (default: stdout).")
-def compose_command(app_name: str, namespace: str, image: str, grace: int, out: Path | None) -> None:
+def compose_command(options: RenderOptions, out: Path | None) -> None:
     """Render docker-compose.yml: the same topology for development (gpu workers in the gpu profile)."""
     from sluice.cli import load_app
     from sluice.deploy.compose import render_compose
 
-    options = RenderOptions(app=app_name, namespace=namespace, image=image, grace_seconds=grace)
-    text = to_yaml([render_compose(load_app(app_name).catalog, options)])
+    if options.redis_sentinel:
+        raise click.UsageError("--sentinel is for Kubernetes: compose runs one Redis, for development")
+    text = to_yaml([render_compose(load_app(options.app).catalog, options)])
     if out is None:
         click.echo(text, nl=False)
     else:
@@ -80,12 +90,12 @@ def compose_command(app_name: str, namespace: str, image: str, grace: int, out: 
 @click.option("--keda/--builtin-autoscaler", default=True, show_default=True,
               help="Scale with KEDA ScaledObjects, or with sluice's own autoscaler Deployment.")
 @click.option("--dry-run", is_flag=True, help="Have the API server validate everything without persisting it.")
-def apply_command(app_name: str, namespace: str, image: str, grace: int, keda: bool, dry_run: bool) -> None:
+def apply_command(options: RenderOptions, keda: bool, dry_run: bool) -> None:
     """Create or update every object (server-side apply: running it twice changes nothing)."""
     api = kube_client.connect("sluice deploy apply")
     from sluice.deploy import kube
 
-    files = _rendered(app_name, namespace, image, grace)
+    files = _rendered(options)
     docs = files["sluice.yaml"] + (files["keda.yaml"] if keda else files["autoscaler.yaml"])
     with kube_client.reaching(api):
         for name, state in kube.apply(api, docs, dry_run=dry_run):
@@ -95,13 +105,13 @@ def apply_command(app_name: str, namespace: str, image: str, grace: int, keda: b
 @deploy.command("diff")
 @render_options
 @click.option("--keda/--builtin-autoscaler", default=True, show_default=True)
-def diff_command(app_name: str, namespace: str, image: str, grace: int, keda: bool) -> None:
+def diff_command(options: RenderOptions, keda: bool) -> None:
     """Show what `apply` would change, as a unified diff per object (exit 1 when there is any;
     69 when there is no cluster to compare with)."""
     api = kube_client.connect("sluice deploy diff")
     from sluice.deploy import kube
 
-    files = _rendered(app_name, namespace, image, grace)
+    files = _rendered(options)
     with kube_client.reaching(api):
         text = kube.diff(api, files["sluice.yaml"] + (files["keda.yaml"] if keda else files["autoscaler.yaml"]))
     click.echo(text, nl=False)

@@ -3,7 +3,7 @@
 Per class: a worker Deployment whose pods are Guaranteed QoS (requests == limits == slot size x
 slots, ``nvidia.com/gpu`` for gpu classes) and pass the "restricted" Pod Security Standard, and
 a KEDA ScaledObject on the class's Redis list. Around them (see ``platform.py``): the
-Namespace, Redis, Flower and the built-in autoscaler.
+Namespace, Redis (one node, or three with Sentinel), Flower and the built-in autoscaler.
 """
 
 from __future__ import annotations
@@ -34,18 +34,26 @@ class RenderOptions:
     gpu_tolerations: tuple[dict[str, str], ...] = (
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
     gpu_node_selector: dict[str, str] = field(default_factory=dict)
+    #: Three Redis nodes with Sentinel instead of one (``--sentinel``); every client finds the master
+    #: through the Sentinels.
+    redis_sentinel: bool = False
 
     @property
     def broker_env(self) -> list[dict[str, Any]]:
-        """REDIS_PASSWORD from the Secret, then the broker URL built from it (Kubernetes expands it)."""
-        return [
-            {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": platform.REDIS_SECRET,
-                                                                     "key": "password"}}},
-            {"name": "SLUICE_BROKER_URL",
-             "value": f"redis://:$(REDIS_PASSWORD)@{platform.REDIS_NAME}.{self.namespace}.svc:6379/0"},
-            {"name": "SLUICE_HOME", "value": "/tmp/sluice"},
-            {"name": "HOME", "value": "/tmp"},
-        ]
+        """REDIS_PASSWORD from the Secret, then the broker URL built from it (Kubernetes expands it):
+        the Redis Service, or every Sentinel, the master set's name and the Sentinels' password."""
+        password = platform.REDIS_PASSWORD_REF
+        if self.redis_sentinel:
+            url = ";".join(f"sentinel://:$(REDIS_PASSWORD)@{node}:{platform.SENTINEL_PORT}/0"
+                           for node in platform.sentinel_nodes(self))
+            broker = [{"name": "SLUICE_BROKER_URL", "value": url},
+                      {"name": "SLUICE_SENTINEL_MASTER", "value": platform.SENTINEL_MASTER},
+                      {"name": "SLUICE_SENTINEL_PASSWORD", **password}]
+        else:
+            broker = [{"name": "SLUICE_BROKER_URL", "value": f"redis://:$(REDIS_PASSWORD)@{platform.REDIS_NAME}."
+                                                             f"{self.namespace}.svc:{platform.REDIS_PORT}/0"}]
+        return [{"name": "REDIS_PASSWORD", **password}, *broker, {"name": "SLUICE_HOME", "value": "/tmp/sluice"},
+                {"name": "HOME", "value": "/tmp"}]
 
 
 #: Workers sign and check remote calls with this Secret's key; without the Secret (optional) a
@@ -107,6 +115,17 @@ def worker_deployment(rc: ResourceClass, options: RenderOptions) -> Manifest:
     }
 
 
+def _trigger(rc: ResourceClass, options: RenderOptions) -> Manifest:
+    """KEDA's trigger on the class's Redis list, straight or through the Sentinels."""
+    where: dict[str, str] = {"address": f"{platform.REDIS_NAME}.{options.namespace}.svc:{platform.REDIS_PORT}"}
+    if options.redis_sentinel:
+        where = {"addresses": ",".join(f"{node}:{platform.SENTINEL_PORT}" for node in platform.sentinel_nodes(options)),
+                 "sentinelMaster": platform.SENTINEL_MASTER}
+    return {"type": "redis-sentinel" if options.redis_sentinel else "redis",
+            "metadata": {**where, "listName": rc.name, "listLength": str(rc.slots), "databaseIndex": "0"},
+            "authenticationRef": {"name": platform.REDIS_AUTH}}
+
+
 def scaled_object(rc: ResourceClass, options: RenderOptions) -> Manifest:
     """KEDA scales the class's Deployment on its queue: one replica per ``slots`` queued messages."""
     return {
@@ -117,12 +136,7 @@ def scaled_object(rc: ResourceClass, options: RenderOptions) -> Manifest:
             "minReplicaCount": rc.min_replicas,
             "maxReplicaCount": rc.max_replicas,
             "cooldownPeriod": 300,
-            "triggers": [{
-                "type": "redis",
-                "metadata": {"address": f"{platform.REDIS_NAME}.{options.namespace}.svc:6379", "listName": rc.name,
-                             "listLength": str(rc.slots), "databaseIndex": "0"},
-                "authenticationRef": {"name": platform.REDIS_AUTH},
-            }],
+            "triggers": [_trigger(rc, options)],
         },
     }
 
@@ -136,10 +150,17 @@ def render(catalog: Catalog, options: RenderOptions) -> dict[str, list[Manifest]
 
 
 class _PlainDumper(yaml.SafeDumper):
-    """Kubernetes YAML without anchors: objects share sub-dicts in memory, not in the files."""
+    """Kubernetes YAML without anchors (objects share sub-dicts in memory, not in the files), and
+    a multi-line string (a script in a ConfigMap) as a block a reader can read."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+    def represent_str(self, data: str) -> yaml.ScalarNode:
+        return self.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
+
+
+_PlainDumper.add_representer(str, _PlainDumper.represent_str)
 
 
 def to_yaml(docs: list[Manifest], sort_keys: bool = False) -> str:
