@@ -20,13 +20,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_round(kind: str, tasks: int, env: dict[str, str]) -> float:
-    """Start one worker, push ``tasks`` no-ops through it, return tasks/s end to end."""
+def run_round(kind: str, tasks: int, env: dict[str, str],
+              window: Callable[[], AbstractContextManager[object]] = nullcontext) -> float:
+    """Start one worker, push ``tasks`` no-ops through it, return tasks/s end to end; ``window``
+    is entered around the timed part only (bench/redis_cost.py reads Redis's counters there)."""
     from bench import apps
 
     app, task = (apps.sluice_app, apps.noop) if kind == "sluice" else (apps.plain_app, apps.plain_noop)
@@ -39,17 +43,18 @@ def run_round(kind: str, tasks: int, env: dict[str, str]) -> float:
                               cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         task.delay().get(timeout=60)  # warm: the worker is up and consuming
-        start = time.perf_counter()
-        ids = [task.delay().id for _ in range(tasks)]
-        keys = [app.backend.get_key_for_task(i) for i in ids]  # the result keys, as Celery names them
-        pending = keys
-        deadline = time.monotonic() + 600
-        while pending and time.monotonic() < deadline:
-            found = client.mget(pending)
-            pending = [k for k, v in zip(pending, found) if v is None]
-            if pending:
-                time.sleep(0.05)
-        elapsed = time.perf_counter() - start
+        with window():
+            start = time.perf_counter()
+            ids = [task.delay().id for _ in range(tasks)]
+            keys = [app.backend.get_key_for_task(i) for i in ids]  # the result keys, as Celery names them
+            pending = keys
+            deadline = time.monotonic() + 600
+            while pending and time.monotonic() < deadline:
+                found = client.mget(pending)
+                pending = [k for k, v in zip(pending, found) if v is None]
+                if pending:
+                    time.sleep(0.05)
+            elapsed = time.perf_counter() - start
         if pending:
             raise SystemExit(f"{kind}: {len(pending)} tasks unfinished after 600 s")
         return tasks / elapsed

@@ -4,6 +4,7 @@ redis-server processes, three real Sentinels, real workers."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -79,3 +80,35 @@ def _lines(path: Path) -> int:
 
 def _replica_offset(cluster: SentinelCluster) -> int:
     return int(cluster.client("master").info("replication").get("slave0", {}).get("offset", -1))
+
+
+def test_the_autoscaler_goes_on_reading_the_queues_through_a_failover(tmp_path: Path) -> None:
+    """The built-in autoscaler's one Redis client (the one every sluice command builds) reads a
+    class's queue before a failover and, after the master is killed and the replica promoted,
+    from the new master: its next tick scales on the queue as it is there, without a restart.
+    The kubernetes side is the HTTP fake (no API server runs here)."""
+    from kubernetes import client as k8s
+
+    from sluice.deploy.autoscaler import Autoscaler
+    from tests.kube_fake import FakeKube
+
+    scaling = importlib.import_module("tests.apps.scaling")
+    with SentinelCluster(tmp_path / "sentinel") as cluster, FakeKube() as fake:
+        settings = Settings.load(env={"SLUICE_SENTINEL_MASTER": MASTER_NAME, "SLUICE_HOME": str(tmp_path)})
+        client = redis_client.connect(cluster.url, settings=settings)
+        sender = App("tests.sentinel.scaler", broker=cluster.url, settings=settings, classes=list(scaling.app.catalog))
+        fake.add_deployment("t", "sluice-worker-batch", 0)
+        api = k8s.ApiClient(k8s.Configuration(host=fake.url))
+        scaler = Autoscaler(client, scaling.app.catalog, k8s.AppsV1Api(api), k8s.CoreV1Api(api), "t", sender.control,
+                            cooldown=0)
+        for _ in range(2):
+            sender.send_task("tests.apps.scaling.work", args=[0.01], queue="batch")
+        assert scaler.tick() == {"batch": 2}
+        offset = cluster.client("master").info("replication")["master_repl_offset"]
+        wait_for(lambda: _replica_offset(cluster) >= offset, 30, "the replica to have every write so far")
+        old_master = cluster.master_port()
+        cluster.kill_master()
+        wait_for(lambda: cluster.master_port() not in (None, old_master), 60, "the Sentinels to promote the replica")
+        sender.send_task("tests.apps.scaling.work", args=[0.01], queue="batch")
+        assert scaler.tick() == {"batch": 3}
+        assert cluster.master_port() == cluster.ports["replica"]
