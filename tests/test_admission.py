@@ -179,8 +179,12 @@ def test_a_worker_killed_while_forwarding_loses_nothing_and_forwards_nothing_twi
         results = [run.plain.send_task(TASK + "wide", queue="small") for _ in range(tasks)]
         interrupted = []
         for round_ in range(3):
-            victim = run.workers.start(APP, "small", f"victim{round_}", *ARGS, env=run.env)
-            time.sleep(random.uniform(0.05, 0.25))
+            waiting = LAYOUT.queue_depth(run.client, "small")
+            victim = run.workers.start(APP, "small", f"victim{round_}", *ARGS, env=run.env, wait=False)
+            if waiting:   # killed once it has begun forwarding, at a random point soon after
+                wait_for(lambda: LAYOUT.queue_depth(run.client, "small") < waiting, 60,
+                         "the victim to begin forwarding", interval=0.002)
+                time.sleep(random.uniform(0, 0.02))
             os.killpg(victim.pid, signal.SIGKILL)
             victim.wait(30)
             interrupted.append(LAYOUT.queue_depth(run.client, "small"))

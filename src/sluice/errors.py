@@ -23,6 +23,7 @@
     ├── InvalidRequestError       a worker refused a remote call: bad signature, Python version
     │                             mismatch, a queue that takes no remote calls, failed install
     ├── CallTimeout               a remote call did not finish in time (also a TimeoutError)
+    ├── SubmitInterrupted         delay_many stopped midway; holds the calls that went out
     ├── ValueMissing              an asset has no value: it did not succeed, or it expired (a KeyError)
     └── SandboxDied               inside a worker: a sandbox ended without a complete reply
 
@@ -31,6 +32,8 @@ are rebuilt by Celery on the caller's side, so each class here takes one message
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class SluiceError(Exception):
@@ -140,6 +143,16 @@ class RemoteError(TaskFailed):
 
 class SandboxCrashed(TaskFailed):
     """A session's sandbox died without being killed for memory; the message gives its exit code or signal."""
+
+
+class SubmitInterrupted(SluiceError):
+    """``task.delay_many`` stopped midway. ``published`` (a ``BulkResult``) went out and each ends
+    as any task does; ``uncertain`` is the chunk Redis was being sent when it failed: some of it
+    may have gone out. It never crosses processes, so it carries them as attributes."""
+
+    def __init__(self, message: str, published: Any = None, uncertain: Any = None) -> None:
+        super().__init__(message)
+        self.published, self.uncertain = published, uncertain
 
 
 class CallTimeout(SluiceError, TimeoutError):

@@ -42,3 +42,11 @@ def hog(self: Any, mib: int, hold: float = 5.0) -> dict[str, Any]:
 def sleeper(self: Any, seconds: float) -> dict[str, Any]:
     time.sleep(seconds)
     return _where(self)
+
+
+@app.task
+def double(x: int) -> int:
+    """2x; a negative x raises ValueError (a failed call among many)."""
+    if x < 0:
+        raise ValueError(f"negative: {x}")
+    return 2 * x

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, NoReturn
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery import Task, states
 from celery.exceptions import Ignore, Retry
@@ -15,6 +16,9 @@ from sluice.tasks.escalation import Attempt, end_attempt
 from sluice.tasks.retry import Reason, RetryPolicy, classify
 from sluice.workers import ledger
 from sluice.workers.request import ComputeRequest
+
+if TYPE_CHECKING:
+    from sluice.client.bulk import BulkResult
 
 log = logging.getLogger("sluice.task")
 
@@ -42,6 +46,15 @@ class ComputeTask(Task):
     def effective_compute(self) -> Compute:
         """The declared compute with unset axes filled from the app's default compute."""
         return self.app.effective_compute(self.name)
+
+    def delay_many(self, items: Iterable[Any], kwargs: dict[str, Any] | None = None, chunk: int = 1000,
+                   progress: bool | None = None) -> BulkResult:
+        """One call per item (a tuple or list: its arguments; anything else: its one argument),
+        published ``chunk`` at a time in one Redis round trip each; a lazy ``BulkResult`` back
+        (``.get()`` in order, ``.as_completed()`` as they finish). See :mod:`sluice.client.bulk`."""
+        from sluice.client import bulk
+
+        return bulk.delay_many(self, items, kwargs=kwargs, chunk=chunk, progress=progress)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

@@ -1,0 +1,187 @@
+"""``task.delay_many(items)``: many calls of one task, published in pipelined chunks.
+
+A ``.delay()`` loop pays, per call, a Redis round trip for the message, another for Flower's
+task-sent event, and Celery's and kombu's per-publish bookkeeping. Here the task is routed
+once, each chunk's messages reach Redis in one pipeline (kombu's publish batch, through the
+same ``_put`` as every publish, bell included) and its task-sent events in one buffered event
+message (Celery's ``task.multi``, which Flower reads). The messages are those ``apply_async``
+builds (Celery's ``create_task_message``), so everything on the worker side (admission, the
+retry policy, escalation, the ledger) is the same.
+
+Why not Celery's ``task.map``/``task.chunks``: those build one task that runs every call in a
+single worker; here every call is its own task, routed, retried and escalated on its own.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from celery import signals, states
+from celery.result import AsyncResult, ResultSet
+from celery.utils.saferepr import saferepr
+from kombu.serialization import dumps
+from kombu.utils.uuid import uuid
+from rich.progress import Progress
+from vine import barrier
+
+from sluice import terminal
+from sluice.errors import ConfigurationError, SubmitInterrupted
+
+if TYPE_CHECKING:
+    from celery import Task
+
+#: Calls per pipeline: large enough that a round trip is shared by many, small enough that one
+#: chunk's messages (a few hundred bytes each) are a modest write.
+DEFAULT_CHUNK = 1000   # ComputeTask.delay_many says the same default
+
+
+class BulkResult(ResultSet):
+    """The calls of one ``delay_many``, in submission order: Celery's ``ResultSet`` (``get()``,
+    ``join()``, ``ready()``, ``completed_count()``, ``revoke()``), plus :meth:`as_completed`.
+
+    Celery's set subscribes to every result's channel as it is built (its ready barrier: one
+    Redis command per call, a fifth of a bulk submit); this one subscribes when it is waited on,
+    as ``get()`` and ``as_completed()`` do, so it offers no ``then()`` callback."""
+
+    _armed = False
+
+    def __init__(self, results: list[AsyncResult], app: Any = None) -> None:
+        super().__init__(results, app=app, ready_barrier=barrier())
+
+    def iter_native(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        """Celery's, with the ready barrier (and so the subscriptions) made when first waited on.
+        A result that finished before is read from its stored state as the wait starts."""
+        if not self._armed:
+            self._set_ready_barrier(barrier(self.results))
+            self._armed = True
+        return super().iter_native(*args, **kwargs)
+
+    def as_completed(self, timeout: float | None = None, propagate: bool = True,
+                     progress: bool | None = None) -> Iterator[tuple[int, Any]]:
+        """``(index, value)`` of each call as it finishes (``index``: its place in the items),
+        with a progress bar on a terminal. A failed call raises its exception when ``propagate``
+        (else its exception is the value); ``timeout`` bounds the whole wait (Celery's
+        ``TimeoutError``)."""
+        index = {result.id: i for i, result in enumerate(self.results)}
+        with _progress(progress, "done", len(self.results)) as advance:
+            for task_id, meta in self.iter_native(timeout=timeout):
+                value = meta["result"]
+                if propagate and meta["status"] in states.PROPAGATE_STATES:
+                    raise value
+                advance(1)
+                yield index[task_id], value
+
+
+def delay_many(task: Task, items: Iterable[Any], kwargs: dict[str, Any] | None = None, chunk: int = DEFAULT_CHUNK,
+               progress: bool | None = None) -> BulkResult:
+    """Publish one call of ``task`` per item: a tuple or list item is the call's positional
+    arguments, anything else its one argument; ``kwargs`` go to every call. Returns at once
+    with a :class:`BulkResult`. If publishing stops midway (Redis lost, an argument that does
+    not serialize), :class:`SubmitInterrupted` says how many calls went out and holds them."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ConfigurationError(f"chunk={chunk!r}: the calls per pipeline must be a positive int, e.g. 1000")
+    calls = (tuple(item) if isinstance(item, (tuple, list)) else (item,) for item in items)
+    total = len(items) if hasattr(items, "__len__") else None
+    app = task.app
+    if _needs_apply_async(task):
+        with _progress(progress, "submitted", total) as advance:
+            return BulkResult([_advanced(advance, task.apply_async(args, kwargs)) for args in calls], app=app)
+    published: list[AsyncResult] = []
+    with app.producer_or_acquire() as producer, _progress(progress, "submitted", total) as advance:
+        publisher = _ChunkPublisher(task, producer, kwargs or {})
+        try:
+            while batch := list(islice(calls, chunk)):
+                published += publisher.publish(batch, published)
+                advance(len(batch))
+        finally:
+            publisher.events.close()
+    return BulkResult(published, app=app)
+
+
+class _ChunkPublisher:
+    """Builds and pipelines one chunk's messages. The task is routed once, and Celery builds one
+    message (``create_task_message``, protocol 2) that every call copies with its own id and
+    arguments: the fields protocol 2 makes per call (``id``, ``root_id``, ``argsrepr``, the
+    ``correlation_id`` property, the body's args). A test holds it equal to ``apply_async``'s."""
+
+    def __init__(self, task: Task, producer: Any, kwargs: dict[str, Any]) -> None:
+        self.task, self.app, self.channel = task, task.app, producer.channel
+        route = self.app.amqp.router.route({}, task.name, (), {}, task)
+        self.queue = getattr(route["queue"], "name", route["queue"])
+        self.serializer = task.serializer or self.app.conf.task_serializer
+        self.events = self.app.events.Dispatcher(producer.connection, enabled=self.app.conf.task_send_sent_event,
+                                                 buffer_group={"task"}, buffer_limit=sys.maxsize)
+        worker_task = self.app.current_worker_task
+        request = worker_task.request if worker_task else None
+        self.root_id = (request.root_id or request.id) if request else None
+        self.template = self.app.amqp.create_task_message(
+            "", task.name, (), kwargs, reply_to=self.app.thread_oid, root_id=self.root_id,
+            parent_id=request.id if request else None, ignore_result=task.ignore_result,
+            create_sent_event=self.events.enabled)
+        self.template.headers.update(route.get("headers") or {})
+        self.kwargs = kwargs
+        self.repr_size, self.repr_levels = self.app.amqp.argsrepr_maxsize, self.app.conf.task_repr_maxlevels
+
+    def publish(self, calls: list[tuple[Any, ...]], published: list[AsyncResult]) -> list[AsyncResult]:
+        results: list[AsyncResult] = []
+        batch = self.channel.create_publish_batch(max_size=sys.maxsize)
+        flushing = False
+        try:
+            for args in calls:
+                results.append(self._add(batch, args))
+            flushing = True
+            batch.flush()
+            self.events.flush(errors=False)
+        except Exception as exc:
+            uncertain = results if flushing else []
+            if not flushing:
+                batch.discard()
+            raise SubmitInterrupted(
+                f"delay_many({self.task.name}) stopped after {len(published)} published calls "
+                f"({len(uncertain)} more may have been): {exc!r}", published=BulkResult(published, app=self.app),
+                uncertain=BulkResult(uncertain, app=self.app)) from exc
+        finally:
+            batch.close()
+        return results
+
+    def _add(self, batch: Any, args: tuple[Any, ...]) -> AsyncResult:
+        task_id, template = uuid(), self.template
+        argsrepr = saferepr(args, self.repr_size, maxlevels=self.repr_levels)
+        root_id = self.root_id or task_id
+        headers = {**template.headers, "id": task_id, "root_id": root_id, "argsrepr": argsrepr}
+        properties = {**template.properties, "correlation_id": task_id}
+        content_type, content_encoding, data = dumps((args, self.kwargs, template.body[2]), serializer=self.serializer)
+        message = self.channel.prepare_message(data, 0, content_type, content_encoding, headers, properties)
+        batch.publish(message, exchange="", routing_key=self.queue)
+        if template.sent_event:
+            self.events.send("task-sent", **{**template.sent_event, "uuid": task_id, "root_id": root_id,
+                                             "args": argsrepr}, queue=self.queue, exchange="", routing_key=self.queue)
+        return self.app.AsyncResult(task_id, task_name=self.task.name)
+
+
+def _needs_apply_async(task: Task) -> bool:
+    """Where the pipelined path would not build what ``apply_async`` does: eager mode, publish
+    signal receivers (they see each message), compression."""
+    conf = task.app.conf
+    return bool(conf.task_always_eager or signals.before_task_publish.receivers
+                or signals.after_task_publish.receivers or getattr(task, "compression", None) or conf.task_compression)
+
+
+def _advanced(advance: Any, result: AsyncResult) -> AsyncResult:
+    advance(1)
+    return result
+
+
+@contextmanager
+def _progress(show: bool | None, what: str, total: int | None) -> Iterator[Any]:
+    """A rich progress bar on stderr when it is a terminal (or ``show``); yields ``advance(n)``."""
+    if not (sys.stderr.isatty() if show is None else show):
+        yield lambda n: None
+        return
+    with Progress(console=terminal.console(stderr=True), transient=False) as bar:
+        task_bar = bar.add_task(what, total=total)
+        yield lambda n: bar.advance(task_bar, n)

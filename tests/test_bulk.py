@@ -1,0 +1,113 @@
+"""``task.delay_many``: every call published once, routed like ``.delay()``, each message the one
+``apply_async`` builds; results as they finish; a stop midway says exactly what went out.
+Real redis-server, real workers."""
+
+from __future__ import annotations
+
+import json
+import threading
+from types import ModuleType
+
+import pytest
+import redis
+
+from sluice.client.bulk import BulkResult
+from sluice.errors import ConfigurationError, SubmitInterrupted
+from tests.conftest import Workers, wait_for
+
+pytestmark = pytest.mark.integration
+FAST = ("--without-mingle", "--without-gossip")
+
+
+def _queued(client: redis.Redis, queue: str) -> list[dict]:
+    return [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
+
+
+def test_delay_many_runs_every_call_once_and_yields_each_as_it_finishes(basic_app: ModuleType,
+                                                                        workers: Workers) -> None:
+    """2,500 calls in chunks of 1,000 (three pipelines): every call runs once with its own
+    argument, as_completed yields each index exactly once with its value, and get() returns
+    them in submission order."""
+    workers.start("tests.apps.basic", "cpu", "cpu1", *FAST)
+    bulk = basic_app.double.delay_many(range(2500), progress=False)
+    assert isinstance(bulk, BulkResult) and len(bulk) == 2500 and len({r.id for r in bulk.results}) == 2500
+    seen = dict(bulk.as_completed(timeout=120, progress=False))
+    assert seen == {i: 2 * i for i in range(2500)}
+    assert bulk.get(timeout=30) == [2 * i for i in range(2500)]
+
+
+def test_a_bulk_message_is_the_one_apply_async_builds_routed_the_same(basic_app: ModuleType,
+                                                                      redis_client: redis.Redis) -> None:
+    """No worker: the messages stay queued where routing put them (big_task's 4Gi on highmem),
+    and one from delay_many carries the same headers and body as one from apply_async with the
+    same arguments (ids and timestamps aside); each rings the queue's bell once."""
+    basic_app.big_task.apply_async()
+    basic_app.big_task.delay_many([()] * 3, progress=False)
+    assert redis_client.llen("cpu") == 0
+    messages = _queued(redis_client, "highmem")
+    assert len(messages) == 4 and redis_client.llen("sluice:bell:highmem") == 4
+
+    def comparable(message: dict) -> dict:
+        headers, properties = message["headers"], message["properties"]
+        assert headers["id"] == headers["root_id"] == properties["correlation_id"]
+        return {"headers": {k: v for k, v in headers.items() if k not in ("id", "root_id")}, "body": message["body"],
+                "content-type": message["content-type"], "reply_to": properties["reply_to"],
+                "routing_key": properties["delivery_info"]["routing_key"]}
+
+    single, *bulk = [comparable(m) for m in reversed(messages)]
+    assert all(m == single for m in bulk), (single, bulk[0])
+
+
+def test_as_completed_raises_a_failed_call_or_yields_its_exception(basic_app: ModuleType, workers: Workers) -> None:
+    workers.start("tests.apps.basic", "cpu", "cpu1", *FAST)
+    bulk = basic_app.double.delay_many([1, -2, 3], progress=False)
+    outcomes = dict(bulk.as_completed(timeout=60, propagate=False, progress=False))
+    assert outcomes[0] == 2 and outcomes[2] == 6
+    assert isinstance(outcomes[1], ValueError) and "negative: -2" in str(outcomes[1])
+    with pytest.raises(ValueError, match="negative: -2"):
+        list(basic_app.double.delay_many([-2], progress=False).as_completed(timeout=60, progress=False))
+
+
+def test_an_argument_that_cannot_travel_stops_it_after_the_chunks_already_out(basic_app: ModuleType,
+                                                                              redis_client: redis.Redis) -> None:
+    """The 5th call's argument is not JSON: chunks 1 and 2 (two calls each) went out, chunk 3
+    is dropped whole, and SubmitInterrupted holds exactly the four published calls."""
+    items = [1, 2, 3, 4, object(), 6]
+    with pytest.raises(SubmitInterrupted, match="stopped after 4 published calls") as stopped:
+        basic_app.double.delay_many(items, chunk=2, progress=False)
+    published = stopped.value.published
+    assert [r.id for r in published.results] == [m["headers"]["id"] for m in reversed(_queued(redis_client, "cpu"))]
+    assert len(published) == 4 and len(stopped.value.uncertain) == 0
+
+
+def test_chunk_must_be_a_positive_int(basic_app: ModuleType) -> None:
+    with pytest.raises(ConfigurationError, match=r"chunk=0: the calls per pipeline must be a positive int"):
+        basic_app.double.delay_many([1], chunk=0)
+
+
+def test_flower_sees_a_task_sent_event_for_every_call(basic_app: ModuleType, redis_client: redis.Redis) -> None:
+    """Celery's event receiver (what Flower runs) gets one task-sent event per call, with the
+    queue it was routed to, though they travel buffered, one event message per chunk."""
+    sent: list[dict] = []
+    app = basic_app.app
+    ready = threading.Event()
+    receivers = []
+
+    def listen() -> None:
+        with app.connection_for_read() as connection:
+            receiver = app.events.Receiver(connection, handlers={"task-sent": sent.append})
+            receiver.on_consume_ready = lambda *args, **kwargs: ready.set()   # subscribed: publish now
+            receivers.append(receiver)
+            receiver.capture(limit=None, timeout=None, wakeup=False)         # until should_stop
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert ready.wait(10), "the receiver did not subscribe"
+    try:
+        bulk = basic_app.double.delay_many(range(30), chunk=10, progress=False)
+        wait_for(lambda: len(sent) >= 30, 15, "30 task-sent events")
+    finally:
+        receivers[0].should_stop = True
+        thread.join(10)
+    assert sorted(e["uuid"] for e in sent) == sorted(r.id for r in bulk.results)
+    assert {e["queue"] for e in sent} == {"cpu"}
