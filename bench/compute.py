@@ -4,10 +4,13 @@
   included) and in steady state (from the checkpoint's first to last result);
 * the same items through ``multiprocessing.Pool(2).map``;
 * the same count of no-op tasks as a plain Celery ``group`` on the same Redis, 2 prefork slots;
-* resume with 1,000,000 ids already in the sink: seconds to read the sink and skip them all.
+* resume with 1,000,000 ids already in the sink: seconds to read the sink and skip them all;
+* Redis memory: a no-op run of 300,000 and of 1,000,000 items with ``-w 2`` on a fresh
+  redis-server, its ``used_memory_peak`` over what it used before, per item.
 
-Prints one JSON line. Goals: >= 5,000 items/s with -w 2; skipping 1M done ids in under 3 s.
-Usage: python bench/compute.py [--items 10000] [--resume-ids 1000000]
+Prints one JSON line. Goals: >= 5,000 items/s with -w 2; skipping 1M done ids in under 3 s;
+<= 150 bytes of Redis peak memory per item.
+Usage: python bench/compute.py [--items 10000] [--resume-ids 1000000] [--memory-items 300000 1000000]
 """
 
 from __future__ import annotations
@@ -95,10 +98,26 @@ def resume_skip(ids: int, home: Path) -> float:
     return round(elapsed, 3)
 
 
+def redis_peak_per_item(items: int, home: Path) -> float:
+    """Bytes of a fresh Redis's ``used_memory_peak`` (over its ``used_memory`` before) per item of
+    a ``-w 2`` no-op run on it: what a run keeps in Redis (SkipSet, result cache, messages)."""
+    from sluice.deploy.embedded import EmbeddedRedis
+
+    with EmbeddedRedis(home / f"memory-redis-{items}") as server:
+        client = server.client()
+        before = client.info("memory")["used_memory"]
+        env = {k: v for k, v in os.environ.items() if k != "SLUICE_BROKER_URL"} | {"SLUICE_HOME": str(home)}
+        subprocess.run([sys.executable, "-m", "sluice", "compute", str(TASK), "-w", "2", "--broker", server.url,
+                        "--sink", str(home / f"memory-sink-{items}"), "--results", "quiet", "--", "--n", str(items)],
+                       check=True, env=env, timeout=3600)
+        return round((client.info("memory")["used_memory_peak"] - before) / items, 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--resume-ids", type=int, default=1_000_000)
+    parser.add_argument("--memory-items", type=int, nargs="*", default=[300_000, 1_000_000])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -108,8 +127,9 @@ def main() -> None:
         figures["ratio_vs_celery_group"] = round(figures["sluice_items_per_s_end_to_end"]
                                                  / figures["celery_group_items_per_s"], 2)
         figures["resume_skip_s"] = resume_skip(args.resume_ids, home)
+        figures["redis_peak_bytes_per_item"] = {n: redis_peak_per_item(n, home) for n in args.memory_items}
     print(json.dumps({"benchmark": "compute", "items": args.items, "resume_ids": args.resume_ids, **figures,
-                      "goals": {"sluice_items_per_s": 5000, "resume_skip_s": 3.0}}))
+                      "goals": {"sluice_items_per_s": 5000, "resume_skip_s": 3.0, "redis_peak_bytes_per_item": 150}}))
 
 
 if __name__ == "__main__":

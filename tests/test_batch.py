@@ -231,7 +231,7 @@ def test_kill_the_driver_then_resume_executes_nothing_twice(tmp_path: Path) -> N
     wait_for(lambda: len(lines(sink / "ready.ndjson")) >= 100, 60, "some results")
     driver.kill()
     driver.wait(30)
-    computed = {line.decode() for line in _cache_ids(tmp_path, sink)}
+    computed = {line.decode() for line in _cache(tmp_path, sink)}
     assert computed, "the result cache should hold what the workers computed"
     resumed = compute(*args[:7], "--resume", "--", *args[8:], home=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
@@ -273,8 +273,8 @@ def test_chunks_lost_while_no_driver_ran_are_sent_again_on_resume(tmp_path: Path
     assert sorted(named) == sorted(f"item-{i}" for i in range(300))   # every id, exactly once
 
 
-def _cache_ids(home: Path, sink: Path) -> list[bytes]:
-    """Ids in the run's result cache right now (read from the embedded Redis's AOF by starting it)."""
+def _cache(home: Path, sink: Path) -> dict[bytes, bytes]:
+    """The run's result cache right now, id -> entry (read from the embedded Redis's AOF by starting it)."""
     import hashlib
 
     from sluice import keys
@@ -283,7 +283,33 @@ def _cache_ids(home: Path, sink: Path) -> list[bytes]:
 
     run_id = hashlib.sha1(str(sink.resolve()).encode()).hexdigest()[:16]
     with EmbeddedRedis(redis_dir(home, run_id)) as server:
-        return server.client().hkeys(keys.run(run_id, "results"))
+        return server.client().hgetall(keys.run(run_id, "results"))
+
+
+def test_ended_chunks_leave_the_cache_and_a_success_the_sink_lost_runs_again(tmp_path: Path) -> None:
+    """Once a chunk has ended and its records are in the sink, its successes leave the Redis
+    result cache (most of a finished run's are gone; the SkipSet stays). If the sink then loses
+    lines (a machine crash before its pages reached disk), --resume restores those still cached
+    and runs the others again, each once: every id ends exactly once in the sink."""
+    sink, marks = tmp_path / "run", tmp_path / "marks"
+    marks.mkdir()
+    args = [str(COUNTING), "-w", "2", "--sink", str(sink), "--", "--n", "400", "--sleep", "0.01", "--marks", str(marks)]
+    first = compute(*args, home=tmp_path)
+    assert first.returncode == 0, first.stderr
+    cached = {k.decode() for k in _cache(tmp_path, sink) if k.startswith(b"item-")}
+    assert len(cached) < 200, f"{len(cached)} of 400 successes still cached after the run"
+    kept = (sink / "ready.ndjson").read_text().splitlines(keepends=True)
+    (sink / "ready.ndjson").write_text("".join(kept[100:]))
+    lost = {json.loads(line)["id"] for line in kept[:100]} - {r["id"] for r in lines(sink / "ready.ndjson")}
+    forgotten = {i for i in lost if i.startswith("item-")} - cached
+    assert forgotten, "the earliest successes should have left the cache"
+    resumed = compute(*args[:5], "--resume", "--", *args[6:], home=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    executions = Counter(line for f in marks.iterdir() for line in f.read_text().split())
+    assert {i for i, n in executions.items() if n > 1 and i.startswith("item-")} == forgotten
+    assert max(executions.values()) == 2
+    ids = [r["id"] for r in lines(sink / "ready.ndjson") if r["id"].startswith("item-")]
+    assert sorted(ids) == sorted(f"item-{i}" for i in range(400))
 
 
 def test_redis_killed_and_restarted_mid_run_the_run_completes_with_every_id_once(tmp_path: Path) -> None:

@@ -75,3 +75,17 @@ def test_gpu_class_refused_without_a_gpu(redis_client: redis.Redis, workers: Wor
     workers.start("tests.apps.basic", "gpu", "gpu1", "--allow-no-gpu", *FAST, env=env)
     workers.start("tests.apps.basic", "gpu", "gpu2", *FAST, plain_celery=True, env={"SLUICE_GPU_COUNT": "1"})
     assert workers.heartbeat("gpu2")["classes"] == ["gpu"]
+
+
+def test_a_task_declared_result_args_false_stores_its_state_without_its_arguments(
+        basic_app: ModuleType, workers: Workers, redis_client: redis.Redis) -> None:
+    """result_extended is on (Flower, sluice.attempts() read it), so Celery stores a task's
+    arguments with its result; ``result_args=False`` leaves them out (a batch chunk's thousand
+    items are not stored again), and keeps the rest of the extended meta."""
+    workers.start("tests.apps.basic", "cpu", "cpu1", *FAST)
+    bulky, plain = basic_app.bulky.delay(list(range(1000))), basic_app.double.delay(21)
+    assert (bulky.get(timeout=30), plain.get(timeout=30)) == (1000, 42)
+    stored = {r: json.loads(redis_client.get(basic_app.app.backend.get_key_for_task(r.id))) for r in (bulky, plain)}
+    assert "args" not in stored[bulky] and "kwargs" not in stored[bulky]
+    assert stored[bulky]["name"] == "tests.apps.basic.bulky" and stored[bulky]["compute"]
+    assert stored[plain]["args"] == [21]

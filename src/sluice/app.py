@@ -78,7 +78,7 @@ def safe_defaults(settings: Settings, default_queue: str, broker: str = FALLBACK
 
 
 #: Options ``@app.task`` accepts besides Celery's own: sluice's.
-SLUICE_TASK_OPTIONS = ("compute", "retry")
+SLUICE_TASK_OPTIONS = ("compute", "retry", "result_args")
 #: Celery task options read from the task class by name, not declared on ``celery.Task`` itself.
 _CELERY_EXTRA_OPTIONS = ("shared", "lazy", "filter", "autoretry_for", "dont_autoretry_for", "retry_kwargs",
                          "retry_backoff", "retry_backoff_max", "retry_jitter", "queue", "routing_key", "exchange",

@@ -5,7 +5,7 @@ otherwise), as dramatiq's broker installs its middleware list: the core (units, 
 config, keys, app, the core worker) imports none of them. A capability declares:
 
 * ``tasks``: task bodies registered under fixed names (bound, ``shared=False``), so every
-  worker of the app can run them;
+  worker of the app can run them, with ``task_options`` (name -> ``@app.task`` options);
 * ``bootsteps``: worker bootsteps added to the app's worker blueprint; a step that adds
   heartbeat fields does so through the core step (``worker.sluice.add_heartbeat_fields``);
 * ``worker_options``: extra ``celery worker`` command-line options (``app.user_options``);
@@ -35,6 +35,7 @@ class Capability:
 
     name: str
     tasks: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    task_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     bootsteps: tuple[type, ...] = ()
     worker_options: tuple[click.Option, ...] = ()
     signals: tuple[tuple[Signal, Callable[..., Any]], ...] = ()
@@ -44,7 +45,7 @@ class Capability:
     def install(self, app: App) -> None:
         """Add everything this capability declares to ``app``."""
         for name, body in self.tasks.items():
-            app.task(name=name, bind=True, shared=False)(body)
+            app.task(name=name, bind=True, shared=False, **self.task_options.get(name, {}))(body)
         for step in self.bootsteps:
             app.steps["worker"].add(step)
         for option in self.worker_options:

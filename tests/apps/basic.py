@@ -50,3 +50,9 @@ def double(x: int) -> int:
     if x < 0:
         raise ValueError(f"negative: {x}")
     return 2 * x
+
+
+@app.task(result_args=False)
+def bulky(data: list[int]) -> int:
+    """A task whose argument is bulk data: its stored state leaves it out."""
+    return len(data)

@@ -37,6 +37,9 @@ class ComputeTask(Task):
 
     compute: Compute | None = None
     retry_policy: RetryPolicy | None = None
+    #: Whether the stored state (``result_extended``) repeats the task's arguments; False for a task
+    #: whose arguments are bulk data (``@app.task(result_args=False)``; a batch chunk's are).
+    result_args: bool = True
     Request = ComputeRequest
     #: Celery's per-task message handler, behind admission (a task its class cannot hold is forwarded)
     Strategy = "sluice.workers.admission:strategy"

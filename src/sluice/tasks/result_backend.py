@@ -1,7 +1,8 @@
 """Celery's Redis result backend, and one more field in what it stores: the compute a task's
 successful attempt ran with, so ``sluice.attempts()`` can say at which size a task succeeded
 (the failed attempts' records carry theirs). It rides in the result meta Celery writes anyway
-(``result_extended``), so it costs no round trip. Installed by the App as the backend for
+(``result_extended``), so it costs no round trip. A task declared ``result_args=False`` keeps
+its arguments out of that meta (a batch chunk's are up to a thousand items, already in Redis). Installed by the App as the backend for
 ``redis://``, ``rediss://`` and ``sentinel://`` URLs (the loader's ``override_backends``)."""
 
 from __future__ import annotations
@@ -17,19 +18,26 @@ PATHS = {scheme: f"{__name__}:ComputeResultBackend" for scheme in ("redis", "red
 
 
 class WithCompute:
-    """Mixed into Celery's Redis backends: a ComputeTask's successful result names its compute."""
+    """Mixed into Celery's Redis backends: a ComputeTask's successful result names its compute,
+    and the state of one with ``result_args=False`` leaves out its arguments."""
 
     def _get_result_meta(self, result: Any, state: str, traceback: Any, request: Any, format_date: bool = True,
                          encode: bool = False) -> dict[str, Any]:
         meta: dict[str, Any] = super()._get_result_meta(  # type: ignore[misc]
             result, state, traceback, request, format_date=format_date, encode=encode)
-        if state == states.SUCCESS and request is not None:
-            from sluice.tasks.base import ComputeTask
-            from sluice.tasks.escalation import Attempt
+        if request is None:
+            return meta
+        from sluice.tasks.base import ComputeTask
+        from sluice.tasks.escalation import Attempt
 
-            task = self.app.tasks.get(getattr(request, "task", None) or "")  # type: ignore[attr-defined]
-            if isinstance(task, ComputeTask):
-                meta["compute"] = Attempt.of(task, request, getattr(request, "delivery_info", None)).compute.to_dict()
+        task = self.app.tasks.get(getattr(request, "task", None) or "")  # type: ignore[attr-defined]
+        if not isinstance(task, ComputeTask):
+            return meta
+        if not task.result_args:
+            meta.pop("args", None)
+            meta.pop("kwargs", None)
+        if state == states.SUCCESS:
+            meta["compute"] = Attempt.of(task, request, getattr(request, "delivery_info", None)).compute.to_dict()
         return meta
 
 

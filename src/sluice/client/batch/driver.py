@@ -3,7 +3,9 @@
 It streams ``plan()`` lazily with a bounded in-flight window, dispatches each id at most once per
 run (the SkipSet, a Redis set), packs items into chunks whose size adapts to how long items take
 (per-message overhead is what limits tiny items), and moves records from the Redis result cache
-to the sink. Resume and lost chunks are :mod:`recovery`'s, failing workers :mod:`quarantine`'s,
+to the sink. Once a chunk has ended (its message acknowledged: never delivered again) and every
+record of it is in the sink, its successes leave the cache, so Redis holds what recovery needs
+(the SkipSet, failures, what is in flight), not every record of the run. Resume and lost chunks are :mod:`recovery`'s, failing workers :mod:`quarantine`'s,
 the end of a run and Ctrl-C :mod:`finalise`'s.
 """
 
@@ -68,6 +70,7 @@ class Driver:
         self.item_seconds: float | None = None           # moving average of execute() time (None: unknown)
         self.stopping = False
         self._items: dict[str, list[dict[str, Any]]] = {}  # chunk id -> its items, to resend a lost chunk
+        self._sunk_ok: set[str] = set()                  # ids whose success is in the sink, their chunk not ended
         self._last_checkpoint = 0.0
         self._last_poll = 0.0
 
@@ -213,6 +216,7 @@ class Driver:
                 seconds = max(record.seconds or 0.0, 1e-6)
                 self.item_seconds = seconds if self.item_seconds is None else 0.9 * self.item_seconds + 0.1 * seconds
         self.sink.write(records)
+        self._sunk_ok.update(r.id for r in records if isinstance(r, Ready))
         failures = [r for r in records if isinstance(r, Failure)]
         self.progress.ok += len(records) - len(failures)
         self.progress.failed += sum(1 for r in failures if r.status in (FAILED, LOST))
@@ -232,8 +236,9 @@ class Driver:
         chunk_states = _kombu.task_states(self.client, self.app, ids)
         for chunk_id, state in zip(ids, chunk_states):
             if not any(i in self.waiting for i in self.chunks[chunk_id]):
-                del self.chunks[chunk_id]
-                self._items.pop(chunk_id, None)
+                if state in states.READY_STATES:
+                    self._forget_successes(self.chunks.pop(chunk_id))
+                    self._items.pop(chunk_id, None)
                 continue
             if state in (states.RETRY, states.FAILURE):
                 self.quarantine.observe(chunk_id)
@@ -243,6 +248,14 @@ class Driver:
             items = [item for item in self._items.pop(chunk_id, []) if item["id"] in ids_left]
             if items:
                 self._dispatch(items)
+
+    def _forget_successes(self, ids: list[str]) -> None:
+        """An ended chunk's successes leave the result cache: the sink has them and no delivery of
+        the chunk is left to skip them (failures stay, for resume to rerun or skip)."""
+        ok = [i for i in ids if i in self._sunk_ok]
+        if ok:
+            self.client.hdel(self.key("results"), *ok)
+            self._sunk_ok.difference_update(ok)
 
     def _resend_lost_inherited(self) -> None:
         """Ids an earlier driver dispatched, still awaited once no message of the run exists: send

@@ -10,4 +10,6 @@ from sluice.workers.batch.chunk_task import (
 )
 
 #: Batch runs: every worker can run chunks of any run; a chunk that fails for good records its items.
-BATCH = Capability("batch", tasks={RUN_CHUNK_TASK: run_chunk}, signals=((task_failure, record_chunk_failure),))
+BATCH = Capability("batch", tasks={RUN_CHUNK_TASK: run_chunk},
+                   task_options={RUN_CHUNK_TASK: {"result_args": False}},   # its items are the run's data, in Redis
+                   signals=((task_failure, record_chunk_failure),))
