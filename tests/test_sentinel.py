@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -112,3 +113,37 @@ def test_the_autoscaler_goes_on_reading_the_queues_through_a_failover(tmp_path: 
         sender.send_task("tests.apps.scaling.work", args=[0.01], queue="batch")
         assert scaler.tick() == {"batch": 3}
         assert cluster.master_port() == cluster.ports["replica"]
+
+
+def test_a_worker_killed_after_a_failover_has_its_task_recovered_by_the_reaper(tmp_path: Path) -> None:
+    """A task is running when the master is killed and the replica promoted; then its worker is
+    SIGKILLed too. The reaper of the worker started in its place, talking to the new master,
+    finds the dead worker's held message (its heartbeat stopped) and the task's retry policy
+    runs it again, escalated: it ends in a result, its body completed once."""
+    ladder = importlib.import_module("tests.apps.ladder")
+    with SentinelCluster(tmp_path / "sentinel") as cluster:
+        env = {"SLUICE_BROKER_URL": cluster.url, "SLUICE_SENTINEL_MASTER": MASTER_NAME, "SLUICE_HOME": str(tmp_path),
+               "PYTHONPATH": str(ROOT), "SLUICE_HEARTBEAT_INTERVAL": "0.2", "SLUICE_REAPER_INTERVAL": "0.5"}
+        settings = Settings.load(env=env)
+        client = redis_client.connect(cluster.url, settings=settings)
+        pool = Workers(client, tmp_path)
+        sender = App("tests.sentinel.ladder", broker=cluster.url, settings=settings, classes=list(ladder.app.catalog),
+                     default_compute=ladder.app.default_compute)
+        args = ("--queue", "medium", "--queue", "large", "-c", "2", "--without-mingle", "--without-gossip")
+        try:
+            victim = pool.start("tests.apps.ladder", "small", "victim", *args, env=env)
+            result = sender.send_task("tests.apps.ladder.long_step", args=[3.0], queue="small")
+            wait_for(lambda: client.exists(f"test:running:{result.id}:1"), 60, "the first attempt to start")
+            offset = cluster.client("master").info("replication")["master_repl_offset"]
+            wait_for(lambda: _replica_offset(cluster) >= offset, 30, "the replica to have every write so far")
+            old_master = cluster.master_port()
+            cluster.kill_master()
+            wait_for(lambda: cluster.master_port() not in (None, old_master), 60, "the Sentinels to promote the replica")
+            os.killpg(victim.pid, signal.SIGKILL)
+            victim.wait(30)
+            pool.start("tests.apps.ladder", "small", "heir", *args, env=env, wait=False)
+            assert result.get(timeout=120)["attempt"] == 2
+            assert client.get(f"test:completed:{result.id}") == b"1"
+            assert client.lrange(f"test:runs:{result.id}", 0, -1) == [b"small", b"medium"]
+        finally:
+            pool.stop_all()
