@@ -5,7 +5,6 @@ Real redis-server, real workers."""
 from __future__ import annotations
 
 import json
-import threading
 from types import ModuleType
 
 import pytest
@@ -13,7 +12,7 @@ import redis
 
 from sluice.client.bulk import BulkResult
 from sluice.errors import ConfigurationError, SubmitInterrupted
-from tests.conftest import Workers, wait_for
+from tests.conftest import Workers
 
 pytestmark = pytest.mark.integration
 FAST = ("--without-mingle", "--without-gossip")
@@ -83,31 +82,3 @@ def test_an_argument_that_cannot_travel_stops_it_after_the_chunks_already_out(ba
 def test_chunk_must_be_a_positive_int(basic_app: ModuleType) -> None:
     with pytest.raises(ConfigurationError, match=r"chunk=0: the calls per pipeline must be a positive int"):
         basic_app.double.delay_many([1], chunk=0)
-
-
-def test_flower_sees_a_task_sent_event_for_every_call(basic_app: ModuleType, redis_client: redis.Redis) -> None:
-    """Celery's event receiver (what Flower runs) gets one task-sent event per call, with the
-    queue it was routed to, though they travel buffered, one event message per chunk."""
-    sent: list[dict] = []
-    app = basic_app.app
-    ready = threading.Event()
-    receivers = []
-
-    def listen() -> None:
-        with app.connection_for_read() as connection:
-            receiver = app.events.Receiver(connection, handlers={"task-sent": sent.append})
-            receiver.on_consume_ready = lambda *args, **kwargs: ready.set()   # subscribed: publish now
-            receivers.append(receiver)
-            receiver.capture(limit=None, timeout=None, wakeup=False)         # until should_stop
-
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
-    assert ready.wait(10), "the receiver did not subscribe"
-    try:
-        bulk = basic_app.double.delay_many(range(30), chunk=10, progress=False)
-        wait_for(lambda: len(sent) >= 30, 15, "30 task-sent events")
-    finally:
-        receivers[0].should_stop = True
-        thread.join(10)
-    assert sorted(e["uuid"] for e in sent) == sorted(r.id for r in bulk.results)
-    assert {e["queue"] for e in sent} == {"cpu"}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from queue import Empty
 from collections import Counter
@@ -84,6 +85,46 @@ class BellBatch(kombu_redis.PublishBatch):
         super().discard()
 
 
+class UnansweredPublisher:
+    """A connection of its own on which Redis sends no replies (``CLIENT REPLY OFF``), for fanout
+    publishes: nobody reads PUBLISH's answer (how many listened), and waiting for it was a second
+    round trip in every ``.delay()`` (the task-sent event Flower shows). A lost connection is
+    opened again once; after that the error goes to kombu, whose publish retry takes over."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool, self._connection, self._pid = pool, None, 0
+
+    def publish(self, topic: str, payload: str) -> None:
+        try:
+            self._connected().send_command("PUBLISH", topic, payload, check_health=False)
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            self.close()
+            self._connected().send_command("PUBLISH", topic, payload, check_health=False)
+
+    def _alive(self) -> bool:
+        """Nothing ever arrives on a reply-less connection but its end (Redis restarted, or gone);
+        checked before each send, since a write to a closed socket may still succeed once."""
+        try:
+            return not self._connection.can_read(timeout=0)
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            return False
+
+    def _connected(self) -> Any:
+        if self._connection is not None and self._pid == os.getpid() and not self._alive():
+            self.close()
+        if self._connection is None or self._pid != os.getpid():   # a fork's child opens its own
+            connection = self.pool.make_connection()
+            connection.connect()
+            connection.send_command("CLIENT", "REPLY", "OFF", check_health=False)
+            self._connection, self._pid = connection, os.getpid()
+        return self._connection
+
+    def close(self) -> None:
+        if self._connection is not None and self._pid == os.getpid():
+            self._connection.disconnect()
+        self._connection = None
+
+
 class ReliableQoS(kombu_redis.QoS):
     """kombu's ack emulation, minus the unacked write the fetch script has already made; and a
     ``gate`` a packed worker sets, so its channel fetches nothing while it has no room."""
@@ -120,6 +161,8 @@ class ReliableChannel(kombu_redis.Channel):
     _woken = False
     #: The client ``conn_or_acquire`` hands out (see there).
     _shared_client: Any = None
+    #: Where fanout messages go (see ``_put_fanout``), made on the first.
+    _unanswered: UnansweredPublisher | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.fetched: set[str] = set()
@@ -140,6 +183,22 @@ class ReliableChannel(kombu_redis.Channel):
         if self._shared_client is None or self._shared_client.connection_pool is not pool:
             self._shared_client = self._create_client()
         yield self._shared_client
+
+    def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
+        """kombu's fanout publish (events, broadcasts), on a connection that waits for no reply
+        (see :class:`UnansweredPublisher`); batched or key-prefixed ones go kombu's way."""
+        if kwargs.get("_publish_batch") is not None or self.global_keyprefix:
+            return super()._put_fanout(exchange, message, routing_key, **kwargs)
+        if self._unanswered is None:
+            self._unanswered = UnansweredPublisher(self.pool)
+        payload = dumps(message)
+        for topic in self._get_publish_topics(exchange, routing_key):
+            self._unanswered.publish(topic, payload)
+
+    def close(self) -> None:
+        if self._unanswered is not None:
+            self._unanswered.close()
+        super().close()
 
     def create_publish_batch(self, max_size: int) -> BellBatch:
         return BellBatch(self, max_size)
