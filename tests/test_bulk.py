@@ -82,3 +82,23 @@ def test_an_argument_that_cannot_travel_stops_it_after_the_chunks_already_out(ba
 def test_chunk_must_be_a_positive_int(basic_app: ModuleType) -> None:
     with pytest.raises(ConfigurationError, match=r"chunk=0: the calls per pipeline must be a positive int"):
         basic_app.double.delay_many([1], chunk=0)
+
+
+def test_with_a_publish_signal_receiver_each_call_goes_through_apply_async(basic_app: ModuleType,
+                                                                          redis_client: redis.Redis) -> None:
+    """A ``before_task_publish`` receiver must see every message, so delay_many falls back to
+    ``apply_async`` per call: the receiver sees each id, and each message is queued once."""
+    from celery import signals
+
+    seen: list[str] = []
+
+    def receiver(headers: dict | None = None, **_: object) -> None:
+        seen.append((headers or {})["id"])
+
+    signals.before_task_publish.connect(receiver)
+    try:
+        bulk = basic_app.double.delay_many(range(5), progress=False)
+    finally:
+        signals.before_task_publish.disconnect(receiver)
+    assert seen == [r.id for r in bulk.results]
+    assert sorted(m["headers"]["id"] for m in _queued(redis_client, "cpu")) == sorted(seen)
