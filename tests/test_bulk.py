@@ -5,12 +5,16 @@ Real redis-server, real workers."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 import redis
 
+from sluice import App
 from sluice.client.bulk import BulkResult
+from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import ConfigurationError, SubmitInterrupted
 from tests.conftest import Workers
 
@@ -102,3 +106,34 @@ def test_with_a_publish_signal_receiver_each_call_goes_through_apply_async(basic
         signals.before_task_publish.disconnect(receiver)
     assert seen == [r.id for r in bulk.results]
     assert sorted(m["headers"]["id"] for m in _queued(redis_client, "cpu")) == sorted(seen)
+
+
+def test_redis_gone_between_chunks_says_what_went_out_and_nothing_is_lost_or_doubled(tmp_path: Path) -> None:
+    """Redis stops while the second chunk is being built (the items are a generator that stops
+    it): the first chunk is out, the second cannot be; SubmitInterrupted holds the two published
+    calls and names the two in flight as uncertain. After Redis restarts (its AOF), the queue
+    holds exactly the published calls, once each."""
+    server = EmbeddedRedis(tmp_path / "redis").start()
+    try:
+        app = App("tests.bulk_fault", broker=server.url)
+        task = app.task(name="tests.bulk_fault.echo")(_echo)
+
+        def items() -> Iterator[int]:
+            yield from (1, 2, 3)
+            server.stop()          # mid-chunk 2: its flush finds no Redis
+            yield 4
+
+        stopped_after = r"stopped after 2 published calls \(2 more may have been\)"
+        with pytest.raises(SubmitInterrupted, match=stopped_after) as stopped:
+            task.delay_many(items(), chunk=2, progress=False)
+        published = [r.id for r in stopped.value.published.results]
+        assert len(published) == 2 and len(stopped.value.uncertain) == 2
+        server.start()
+        assert sorted(m["headers"]["id"] for m in _queued(server.client(), "cpu")) == sorted(published)
+    finally:
+        server.stop()
+
+
+def _echo(x: int) -> int:
+    """The task body of the fault test (no worker runs it)."""
+    return x

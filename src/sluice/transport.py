@@ -110,9 +110,9 @@ class UnansweredPublisher:
             return False
 
     def _connected(self) -> Any:
-        if self._connection is not None and self._pid == os.getpid() and not self._alive():
-            self.close()
-        if self._connection is None or self._pid != os.getpid():   # a fork's child opens its own
+        if self._connection is not None and (self._pid != os.getpid() or not self._alive()):
+            self.close()                                          # ended, or a fork's child: open its own
+        if self._connection is None:
             connection = self.pool.make_connection()
             connection.connect()
             connection.send_command("CLIENT", "REPLY", "OFF", check_health=False)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 #: Calls per pipeline: large enough that a round trip is shared by many, small enough that one
 #: chunk's messages (a few hundred bytes each) are a modest write.
-DEFAULT_CHUNK = 1000   # ComputeTask.delay_many says the same default
+DEFAULT_CHUNK = 1000
 
 
 class BulkResult(ResultSet):
@@ -76,12 +76,13 @@ class BulkResult(ResultSet):
                 yield index[task_id], value
 
 
-def delay_many(task: Task, items: Iterable[Any], kwargs: dict[str, Any] | None = None, chunk: int = DEFAULT_CHUNK,
+def delay_many(task: Task, items: Iterable[Any], kwargs: dict[str, Any] | None = None, chunk: int | None = None,
                progress: bool | None = None) -> BulkResult:
     """Publish one call of ``task`` per item: a tuple or list item is the call's positional
     arguments, anything else its one argument; ``kwargs`` go to every call. Returns at once
     with a :class:`BulkResult`. If publishing stops midway (Redis lost, an argument that does
     not serialize), :class:`SubmitInterrupted` says how many calls went out and holds them."""
+    chunk = DEFAULT_CHUNK if chunk is None else chunk
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ConfigurationError(f"chunk={chunk!r}: the calls per pipeline must be a positive int, e.g. 1000")
     calls = (tuple(item) if isinstance(item, (tuple, list)) else (item,) for item in items)

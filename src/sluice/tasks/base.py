@@ -50,10 +50,10 @@ class ComputeTask(Task):
         """The declared compute with unset axes filled from the app's default compute."""
         return self.app.effective_compute(self.name)
 
-    def delay_many(self, items: Iterable[Any], kwargs: dict[str, Any] | None = None, chunk: int = 1000,
+    def delay_many(self, items: Iterable[Any], kwargs: dict[str, Any] | None = None, chunk: int | None = None,
                    progress: bool | None = None) -> BulkResult:
         """One call per item (a tuple or list: its arguments; anything else: its one argument),
-        published ``chunk`` at a time in one Redis round trip each; a lazy ``BulkResult`` back
+        published ``chunk`` (default 1000) at a time in one Redis round trip each; a lazy ``BulkResult`` back
         (``.get()`` in order, ``.as_completed()`` as they finish). See :mod:`sluice.client.bulk`."""
         from sluice.client import bulk
 

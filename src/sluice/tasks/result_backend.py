@@ -2,8 +2,9 @@
 successful attempt ran with, so ``sluice.attempts()`` can say at which size a task succeeded
 (the failed attempts' records carry theirs). It rides in the result meta Celery writes anyway
 (``result_extended``), so it costs no round trip. A task declared ``result_args=False`` keeps
-its arguments out of that meta (a batch chunk's are up to a thousand items, already in Redis). Installed by the App as the backend for
-``redis://``, ``rediss://`` and ``sentinel://`` URLs (the loader's ``override_backends``)."""
+its arguments out of that meta (a batch chunk's are up to a thousand items, already in Redis).
+Installed by the App as the backend for ``redis://``, ``rediss://`` and ``sentinel://`` URLs
+(the loader's ``override_backends``)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ run (the SkipSet, a Redis set), packs items into chunks whose size adapts to how
 (per-message overhead is what limits tiny items), and moves records from the Redis result cache
 to the sink. Once a chunk has ended (its message acknowledged: never delivered again) and every
 record of it is in the sink, its successes leave the cache, so Redis holds what recovery needs
-(the SkipSet, failures, what is in flight), not every record of the run. Resume and lost chunks are :mod:`recovery`'s, failing workers :mod:`quarantine`'s,
-the end of a run and Ctrl-C :mod:`finalise`'s.
+(the SkipSet, failures, what is in flight), not every record of the run. Resume and lost chunks
+are :mod:`recovery`'s, failing workers :mod:`quarantine`'s, the end of a run and Ctrl-C
+:mod:`finalise`'s.
 """
 
 from __future__ import annotations
@@ -234,14 +235,16 @@ class Driver:
             return
         ids = list(self.chunks)
         chunk_states = _kombu.task_states(self.client, self.app, ids)
+        ended: list[str] = []
         for chunk_id, state in zip(ids, chunk_states):
             if not any(i in self.waiting for i in self.chunks[chunk_id]):
                 if state in states.READY_STATES:
-                    self._forget_successes(self.chunks.pop(chunk_id))
+                    ended += self.chunks.pop(chunk_id)
                     self._items.pop(chunk_id, None)
                 continue
             if state in (states.RETRY, states.FAILURE):
                 self.quarantine.observe(chunk_id)
+        self._forget_successes(ended)
         unstarted = {i for i, state in zip(ids, chunk_states) if state is None and i in self.chunks}
         for chunk_id in self.lost_chunks.lost(unstarted):
             ids_left = [i for i in self.chunks.pop(chunk_id) if i in self.waiting]
@@ -250,8 +253,8 @@ class Driver:
                 self._dispatch(items)
 
     def _forget_successes(self, ids: list[str]) -> None:
-        """An ended chunk's successes leave the result cache: the sink has them and no delivery of
-        the chunk is left to skip them (failures stay, for resume to rerun or skip)."""
+        """Ended chunks' successes leave the result cache in one HDEL: the sink has them and no
+        delivery of their chunks is left to skip them (failures stay, for resume to rerun or skip)."""
         ok = [i for i in ids if i in self._sunk_ok]
         if ok:
             self.client.hdel(self.key("results"), *ok)
