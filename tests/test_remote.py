@@ -375,6 +375,47 @@ def test_queues_not_configured_for_remote_calls_refuse_them(remote_workers: Work
     assert call.get(timeout=CALL_TIMEOUT) == "ok" and call.worker == "rhigh@test"  # not the smaller cpu class
 
 
+# ---- sandboxes forked from a warm template ----------------------------------------------------
+
+def test_each_call_is_a_fresh_process_forked_from_a_warm_template_that_is_replaced_if_killed(
+        remote_workers: Workers) -> None:
+    """Every plain call runs in a new process (a new pid; a module attribute one call sets is not
+    there in the next), forked from a template process that stays (sandboxes share parents, one
+    per pool process at most, and each parent is a template of this worker, not a pool process).
+    SIGKILLed templates are replaced on the next call, which still answers; a template whose pool
+    process is SIGKILLed dies with it."""
+    import psutil
+
+    @sluice.remote
+    def where() -> tuple[int, int, bool]:
+        import json
+        import os
+        marked = hasattr(json, "sluice_marked")
+        json.sluice_marked = True  # type: ignore[attr-defined]
+        return os.getpid(), os.getppid(), marked
+
+    first = [where() for _ in range(8)]
+    assert len({pid for pid, _, _ in first}) == 8 and not any(marked for _, _, marked in first)
+    templates = {psutil.Process(parent) for _, parent, _ in first}
+    pool_processes = [child for worker in remote_workers.processes if worker.poll() is None
+                      for child in psutil.Process(worker.pid).children()]
+    assert 1 <= len(templates) <= len(pool_processes)
+    assert all("sandbox_main.py" in " ".join(t.cmdline()) and t.parent() in pool_processes for t in templates)
+    for template in templates:
+        template.kill()
+    psutil.wait_procs(list(templates), timeout=10)
+    again = [where() for _ in range(4)]
+    assert not any(marked for _, _, marked in again)
+    assert not {parent for _, parent, _ in again} & {t.pid for t in templates}, "new templates answered"
+    template = psutil.Process(again[-1][1])
+    pool_process = template.parent()
+    assert pool_process is not None
+    pool_process.kill()
+    gone, alive = psutil.wait_procs([template], timeout=10)
+    assert gone and not alive, "a template outlived its pool process"
+    assert where()[2] is False  # the worker replaced its pool process and serves on
+
+
 # ---- sessions ---------------------------------------------------------------------------------
 
 def test_a_session_keeps_state_between_calls(remote_workers: Workers) -> None:

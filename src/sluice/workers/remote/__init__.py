@@ -1,5 +1,7 @@
 """Worker side of remote functions: the call and session tasks, sandboxes, package environments."""
 
+from celery import signals
+
 from sluice.capability import Capability
 from sluice.client.remote.routing import remote_catalog
 from sluice.client.remote.settings import RemoteSettings
@@ -10,7 +12,9 @@ from sluice.workers.remote.call_task import (
                     run_remote,
                     run_session,
 )
+from sluice.workers.remote.sandbox import close_retired
 
 #: Remote functions: workers run signed calls in sandboxes; ``remote_classes`` must name classes.
 REMOTE = Capability("remote", tasks={REMOTE_TASK: run_remote, SESSION_TASK: run_session},
-                    bootsteps=(RemoteWorkerStep,), settings=RemoteSettings, check=remote_catalog)
+                    bootsteps=(RemoteWorkerStep,), signals=((signals.task_postrun, close_retired),),
+                    settings=RemoteSettings, check=remote_catalog)

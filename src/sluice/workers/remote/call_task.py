@@ -32,7 +32,7 @@ from sluice.tasks.escalation import Attempt
 from sluice.units import format_size
 from sluice.workers.gpu import gpu_memory
 from sluice.workers.remote.package_envs import EnvironmentCache, base_distributions
-from sluice.workers.remote.sandbox import Sandbox, warm_spare
+from sluice.workers.remote.sandbox import Sandbox, forget_template
 
 log = logging.getLogger("sluice.remote")
 
@@ -118,11 +118,17 @@ def prepared(task: Any, fields: dict[str, Any], output: CallOutput) -> Iterator[
     with cache.environment(plan, output) as env:
         if env is not None:
             cache.remember(packages, plan)
-        yield env, room
+        try:
+            yield env, room
+        finally:
+            if env is not None and settings.fresh_env_per_call:
+                forget_template(env)  # the environment is removed next, so is its template
 
 
-def sandbox(env: Path | None, start: int, room: Room, settings: RemoteSettings, output: CallOutput) -> Sandbox:
-    return Sandbox(env, start, room.ceiling, output, settings.remote_growth_threshold, settings.remote_growth_factor)
+def sandbox(env: Path | None, start: int, room: Room, settings: RemoteSettings, output: CallOutput,
+            close_later: bool = False) -> Sandbox:
+    return Sandbox(env, start, room.ceiling, output, settings.remote_growth_threshold, settings.remote_growth_factor,
+                   close_later=close_later)
 
 
 def run_remote(task: Any, call: dict[str, Any]) -> dict[str, Any]:
@@ -139,10 +145,8 @@ def run_remote(task: Any, call: dict[str, Any]) -> dict[str, Any]:
         start = room.start
         while True:
             try:
-                with sandbox(env, start, room, settings, output) as box:
+                with sandbox(env, start, room, settings, output, close_later=True) as box:
                     reply = box.call(decode(fields["payload"]))
-                if not settings.fresh_env_per_call:
-                    warm_spare(env)
                 return seal(app.settings.signing_secret(), {
                     "payload": encode(reply), "output": output.lines, "limits": box.limits,
                     "attempt": attempt, "worker": request.hostname})

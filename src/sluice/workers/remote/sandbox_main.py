@@ -1,29 +1,45 @@
 """The sandbox process: unpickle a call, run it, send back one complete reply per call.
 
-Run as a script by path (``python sandbox_main.py ENV_DIR REPLY_FD``), not with ``-m``, so that
-starting a sandbox imports cloudpickle and nothing else of sluice or Celery: a sandbox is
-started for every call (ahead of it, see ``warm_spare``) and must be cheap.
+Sandboxes are forked from a **template**: a Python process started once per package
+environment (``python sandbox_main.py ENV_DIR CONTROL_FD``) that has imported
+cloudpickle, put the environment on ``sys.path`` and then only waits. For each call the worker
+sends it three pipe ends over the control socket; the template forks, and the child, a fresh
+process that has run nothing yet, serves the call on those pipes. A fork costs about a
+millisecond where a new interpreter costs tens. The file is run by path, not with ``-m``, so
+that neither the template nor a sandbox imports anything of sluice or Celery.
+(``multiprocessing``'s forkserver does not fit: one per process, and each child re-imports the
+parent's main module and unpickles a process object.)
 
-Protocol: requests arrive on stdin and replies leave on the file descriptor REPLY_FD, each as an
-8-byte big-endian length and then that many bytes of cloudpickle. The function's own stdout
-and stderr go to the worker line by line; after each call the sandbox prints END_OF_CALL so
-the worker knows the call's output is complete. A sandbox that dies mid-call (a memory kill)
-leaves no complete reply, which is how the worker tells.
+Protocol. Control socket (SOCK_SEQPACKET), worker to template: one message per sandbox, the
+sandbox's working directory as UTF-8 with the requests, replies and output pipe ends attached;
+template to worker: NOTICE records, ``P pid`` when a sandbox was forked and ``X pid code``
+when it ended (code as ``subprocess`` reports it: negative for a signal). Requests arrive on
+the requests pipe and replies leave on the replies pipe, each as an 8-byte big-endian length
+and then that many bytes of cloudpickle. The function's own stdout and stderr go to the output
+pipe; after each call the sandbox prints END_OF_CALL so the worker knows the call's output is
+complete. A sandbox that dies mid-call (a memory kill) leaves no complete reply, which is how
+the worker tells.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dis
 import os
+import select
+import signal
+import socket
 import struct
 import sys
 import traceback
 import types
-from typing import IO
+from typing import IO, NoReturn
 
 import cloudpickle
 
 FRAME = struct.Struct(">Q")
+#: A template's notice to the worker: kind (b"P" forked, b"X" ended), pid, exit code.
+NOTICE = struct.Struct(">cii")
 END_OF_CALL = "\x1esluice-end-of-call\x1e"
 
 
@@ -75,14 +91,8 @@ def run_one(frame: bytes) -> bytes:
             return cloudpickle.dumps(("err", None, f"{type(exc).__qualname__}: {exc}", text))
 
 
-def main(argv: list[str]) -> None:
-    env_dir, reply_fd = argv[1], int(argv[2])
-    if env_dir:
-        sys.path.append(env_dir)  # after site-packages: the base environment wins
-    requests = os.fdopen(os.dup(0), "rb")
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)  # the function reading stdin must not read the protocol
-    replies = os.fdopen(reply_fd, "wb")
+def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
+    """Answer calls until the requests pipe ends."""
     while (frame := read_frame(requests)) is not None:
         reply = run_one(frame)
         sys.stderr.flush()
@@ -90,7 +100,87 @@ def main(argv: list[str]) -> None:
         write_frame(replies, reply)
 
 
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:  # not Linux: a sandbox outlives a killed template until stopped by hand
+        return None
+
+
+#: Loaded once in the template, so a sandbox only makes the call.
+_LIBC = _libc()
+
+
+def _die_with_parent() -> None:
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: cleared by fork, so set in each sandbox
+
+
+def _sandbox(workdir: str, requests_fd: int, replies_fd: int, output_fd: int) -> NoReturn:
+    """In the forked child: become the call's sandbox and serve it."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _die_with_parent()
+    os.chdir(workdir)
+    os.dup2(output_fd, 1)
+    os.dup2(output_fd, 2)
+    os.close(output_fd)
+    code = 0
+    try:
+        serve(os.fdopen(requests_fd, "rb"), os.fdopen(replies_fd, "wb"))
+    except BaseException:  # noqa: BLE001 - a broken pipe to a gone worker: nothing left to tell
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _report_exits(control: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        control.send(NOTICE.pack(b"X", pid, os.waitstatus_to_exitcode(status)))
+
+
+def template(env_dir: str, control_fd: int) -> None:
+    """Fork a sandbox for each message on the control socket, until the worker closes it."""
+    if env_dir:
+        sys.path.append(env_dir)  # after site-packages: the base environment wins
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # a function reading stdin reads nothing, as in a fresh process
+    os.close(devnull)
+    control = socket.socket(fileno=control_fd)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    while True:
+        ready, _, _ = select.select([control, wake_read], [], [])
+        if wake_read in ready:
+            os.read(wake_read, 4096)
+            _report_exits(control)
+        if control in ready:
+            message, fds, _, _ = socket.recv_fds(control, 4096, 3)
+            if not message:
+                return  # the worker closed its end (or died): so do its sandboxes' template
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                os.close(wake_read)
+                os.close(wake_write)
+                _sandbox(message.decode(), *fds)
+            for fd in fds:
+                os.close(fd)
+            control.send(NOTICE.pack(b"P", pid, 0))
+
+
 if __name__ == "__main__":
     sys.path.pop(0)  # this file's directory: its neighbours must not shadow the function's imports
-    main(sys.argv)
-
+    template(sys.argv[1], int(sys.argv[2]))
