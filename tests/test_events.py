@@ -4,12 +4,15 @@ by ``delay_many`` (buffered, one event message per chunk), and still after Redis
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 
@@ -78,6 +81,42 @@ def test_task_sent_events_flow_again_after_redis_restarts(tmp_path: Path) -> Non
             _expect(sent, [task.delay().id], "cpu")
     finally:
         server.stop()
+
+
+def test_the_dispatcher_publishes_on_the_channel_the_message_kombus_producer_would(basic_app: ModuleType) -> None:
+    """Celery's own dispatcher and sluice's publish the same event (same type, fields, clock)
+    once each; on the wire the two messages are the same (the delivery tag, made per message,
+    aside). Once the exchange is declared, sluice's goes past kombu's Producer (which fails
+    here if it is used)."""
+    from celery.events.dispatcher import EventDispatcher as CeleryDispatcher
+    from kombu import Producer
+
+    from sluice.events import EventDispatcher
+
+    app, client = basic_app.app, basic_app.app.redis
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.psubscribe("*celeryev*")
+    wait_for(lambda: pubsub.get_message(timeout=0.1) is None and client.pubsub_numpat() > 0, 10, "the subscription")
+    fields = {"uuid": "id-1", "name": "tests.task", "args": "()", "kwargs": "{}", "retries": 0, "eta": None,
+              "expires": None, "queue": "cpu", "exchange": "", "routing_key": "cpu", "root_id": "id-1", "parent_id": None}
+    raw = []
+    assert isinstance(app.events.Dispatcher(enabled=False), EventDispatcher), "the App installs sluice's dispatcher"
+    with app.producer_or_acquire() as producer:
+        for dispatcher_class in (CeleryDispatcher, EventDispatcher):
+            dispatcher = dispatcher_class(producer.connection, hostname="h@x", enabled=False)
+            dispatcher.publish("task-sent", fields, producer, blind=True)
+            message = wait_for(lambda: pubsub.get_message(timeout=0.2), 10, "the event")
+            raw.append(json.loads(message["data"]))
+        with patch.object(Producer, "publish", side_effect=AssertionError("kombu's Producer was used")):
+            EventDispatcher(producer.connection, hostname="h@x", enabled=False).publish("task-sent", fields, producer)
+        assert wait_for(lambda: pubsub.get_message(timeout=0.2), 10, "the direct event")
+    pubsub.close()
+    for message in raw:
+        message["properties"].pop("delivery_tag")
+        message["body"] = json.loads(base64.b64decode(message["body"]))
+        message["body"].pop("timestamp")
+    assert raw[0] == raw[1]
+    assert raw[1]["body"]["type"] == "task-sent" and raw[1]["body"]["uuid"] == "id-1"
 
 
 def _noop() -> None:

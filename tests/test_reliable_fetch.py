@@ -149,3 +149,27 @@ def test_purging_a_dead_letter_that_is_not_there_names_the_number(redis_server: 
 
     with pytest.raises(ConfigurationError, match="no dead letter number 3"):
         dead_letters.purge(redis_client, LAYOUT, "cpu", 3)
+
+
+def test_a_publish_adds_one_bell_token_and_the_next_fetch_trims_the_bell_to_its_cap(
+        redis_client: redis.Redis, basic_app) -> None:  # noqa: ANN001
+    """A publish pushes its queue's bell token without trimming (one command less per
+    ``.delay()``): with nobody fetching, the bell holds one token per waiting message, past the
+    cap. The transport's own fetch takes one message (held, not lost), spends a token and trims
+    the bell to the cap."""
+    from kombu import Producer, Queue
+
+    from sluice import keys
+    from sluice.transport import BELL_CAP
+
+    queue, extra = "bell-test", 20
+    with basic_app.app.connection_for_write() as connection:
+        channel = connection.default_channel
+        producer = Producer(channel)
+        for n in range(BELL_CAP + extra):
+            producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")
+        assert redis_client.llen(keys.bell(queue)) == BELL_CAP + extra
+        dead, number, raw, tag = channel.client.execute_command(*channel._fetch_command([queue]))
+    assert dead == 0 and number == 1 and json.loads(raw)["properties"]["delivery_tag"] == tag.decode()
+    assert redis_client.llen(keys.bell(queue)) == BELL_CAP
+    assert redis_client.llen(queue) == BELL_CAP + extra - 1 and redis_client.hexists(LAYOUT.unacked_key, tag)

@@ -55,13 +55,14 @@ LEASE_OPTION = "sluice_lease_interval"
 #: The ``delivery_info`` field naming the queue a message was fetched from (routing keys do not
 #: always name it), read where a message is kept as a dead letter.
 SOURCE_QUEUE = "sluice_queue"
-#: The most bell tokens a queue keeps: enough to wake every idle worker of a class at once.
+#: The most bell tokens a served queue keeps: enough to wake every idle worker of a class at
+#: once. A publish only pushes its token; each fetch trims (``fetch.lua``).
 BELL_CAP = 1000
 
 
 def ring(pipe: Any, queue: str) -> Any:
     """Add a bell token for ``queue`` to a pipeline of kombu's (prefixed) client; returns the pipeline."""
-    return pipe.lpush(keys.bell(queue), 1).ltrim(keys.bell(queue), 0, BELL_CAP - 1)
+    return pipe.lpush(keys.bell(queue), 1)
 
 
 class BellBatch(kombu_redis.PublishBatch):
@@ -195,6 +196,19 @@ class ReliableChannel(kombu_redis.Channel):
         for topic in self._get_publish_topics(exchange, routing_key):
             self._unanswered.publish(topic, payload)
 
+    def takes_events(self, exchange: str) -> bool:
+        """Whether :meth:`publish_event` can publish to ``exchange`` here: declared on this
+        channel (kombu's way did it once), and no key prefix to apply."""
+        return not self.global_keyprefix and exchange in self.state.exchanges
+
+    def publish_event(self, exchange: str, routing_key: str, event: dict[str, Any], headers: dict[str, Any] | None,
+                      delivery_mode: int) -> None:
+        """Publish a Celery event (see ``sluice.events``): the message kombu's Producer would
+        make (JSON body, the dispatcher's headers and delivery mode), through ``basic_publish``."""
+        message = self.prepare_message(dumps(event), None, "application/json", "utf-8", headers,
+                                       {"delivery_mode": delivery_mode})
+        self.basic_publish(message, exchange, routing_key)
+
     def close(self) -> None:
         if self._unanswered is not None:
             self._unanswered.close()
@@ -252,7 +266,7 @@ class ReliableChannel(kombu_redis.Channel):
                             layout.dead_letter_count(queue)]
         per_list = [arg for queue, _ in lists for arg in ("1" if queue in self._no_ack else "0", queue)]
         return ["EVALSHA", FETCH_SHA, len(script_keys), *script_keys, repr(time.time()),
-                "1" if self._woken else "0", _kombu.DEAD_LETTER_CAP, *per_list]
+                "1" if self._woken else "0", _kombu.DEAD_LETTER_CAP, BELL_CAP, *per_list]
 
     def _brpop_read(self, **options: Any) -> bool:
         waited, connection = self._waiting, self.client.connection

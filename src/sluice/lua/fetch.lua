@@ -6,8 +6,13 @@
 -- four keys per queue list, in the order to try them: the list, its queue's bell, its queue's
 -- dead-letter list, its queue's dead-letter counter.
 -- ARGV[1] now (seconds), ARGV[2] "1" when a bell ring woke this fetch (its token is spent),
--- ARGV[3] the dead-letter list cap, then two per list: "1" for a no-ack consumer (the message
--- is only popped, as kombu does for no_ack) or "0", and the list's queue name.
+-- ARGV[3] the dead-letter list cap, ARGV[4] the bell cap, then two per list: "1" for a no-ack
+-- consumer (the message is only popped, as kombu does for no_ack) or "0", and the list's queue
+-- name.
+--
+-- A publish pushes one bell token and does not trim (one command less on every .delay()): the
+-- fetch that takes a message spends a token and trims the bell to its cap, so a bell holds at
+-- most the cap while its queue is served, and one small token per waiting message while not.
 --
 -- A message whose envelope is not kombu's (not JSON, not an object, no delivery tag) is moved
 -- to its queue's dead-letter list as "<json header>\n<raw message>" (the format of
@@ -31,7 +36,7 @@ local function envelope(raw)
   return tag, exchange, routing_key
 end
 
-local now, woken, cap = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3])
+local now, woken, cap, bell_cap = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
 local lists = (#KEYS - 2) / 4
 local dead = 0
 for i = 1, lists do
@@ -42,7 +47,8 @@ for i = 1, lists do
     local tag, exchange, routing_key = envelope(raw)  -- or nil and the reason
     if tag then
       if not woken then redis.call('RPOP', bell) end
-      if ARGV[2 + 2 * i] ~= '1' then
+      redis.call('LTRIM', bell, 0, bell_cap - 1)
+      if ARGV[3 + 2 * i] ~= '1' then
         redis.call('ZADD', KEYS[2], now, tag)
         redis.call('HSET', KEYS[1], tag,
           '[' .. raw .. ',' .. cjson.encode(exchange) .. ',' .. cjson.encode(routing_key) .. ']')
@@ -50,7 +56,7 @@ for i = 1, lists do
       return {dead, i, raw, tag}
     end
     local reason = exchange
-    local header = cjson.encode({reason = reason, queue = ARGV[3 + 2 * i], at = tonumber(now)})
+    local header = cjson.encode({reason = reason, queue = ARGV[4 + 2 * i], at = tonumber(now)})
     redis.call('LPUSH', dead_list, header .. '\n' .. raw)
     redis.call('LTRIM', dead_list, 0, cap - 1)
     redis.call('INCR', dead_count)

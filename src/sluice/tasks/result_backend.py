@@ -3,7 +3,8 @@ successful attempt ran with, so ``sluice.attempts()`` can say at which size a ta
 (the failed attempts' records carry theirs). It rides in the result meta Celery writes anyway
 (``result_extended``), so it costs no round trip. A task declared ``result_args=False`` keeps
 its arguments out of that meta (a batch chunk's are up to a thousand items, already in Redis).
-Installed by the App as the backend for ``redis://``, ``rediss://`` and ``sentinel://`` URLs
+And a sender subscribes to a task's result channel when it waits for the result, not when it
+sends the task. Installed by the App as the backend for ``redis://``, ``rediss://`` and ``sentinel://`` URLs
 (the loader's ``override_backends``)."""
 
 from __future__ import annotations
@@ -42,9 +43,20 @@ class WithCompute:
         return meta
 
 
-class ComputeResultBackend(WithCompute, RedisBackend):
+class SubscribeOnWait:
+    """Mixed into Celery's Redis backends: ``.delay()`` does not subscribe to the task's result
+    channel (Celery's ``on_task_call``); ``.get()``, ``.then()`` and joins subscribe when they
+    start waiting, then read the stored result, so a result that came first is not missed. Most
+    results sent are never waited on, and each subscription was two more commands (SUBSCRIBE
+    at the send, UNSUBSCRIBE when the result object is collected) in every ``.delay()``."""
+
+    def on_task_call(self, producer: Any, task_id: str) -> None:
+        return None
+
+
+class ComputeResultBackend(WithCompute, SubscribeOnWait, RedisBackend):
     """Celery's Redis result backend, with the compute of the attempt that succeeded."""
 
 
-class ComputeSentinelBackend(WithCompute, SentinelBackend):
+class ComputeSentinelBackend(WithCompute, SubscribeOnWait, SentinelBackend):
     """Celery's Redis Sentinel result backend, with the compute of the attempt that succeeded."""
