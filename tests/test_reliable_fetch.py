@@ -10,7 +10,6 @@ import os
 import signal
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 import redis

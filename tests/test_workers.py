@@ -77,6 +77,18 @@ def test_gpu_class_refused_without_a_gpu(redis_client: redis.Redis, workers: Wor
     assert workers.heartbeat("gpu2")["classes"] == ["gpu"]
 
 
+def test_the_ledger_claim_is_made_with_the_started_state_or_on_its_own_without_one(
+        basic_app: ModuleType, workers: Workers, redis_client: redis.Redis) -> None:
+    """A task's ledger claim rides in its STARTED store; a task that stores no STARTED state
+    (``track_started=False``) claims on its own: both runs leave this worker's claim."""
+    workers.start("tests.apps.basic", "cpu", "cpu1", *FAST)
+    tracked, untracked = basic_app.double.delay(1), basic_app.untracked.delay(2)
+    assert (tracked.get(timeout=30), untracked.get(timeout=30)) == (2, 2)
+    for result in (tracked, untracked):
+        claim = json.loads(redis_client.get(keys.delivery(result.id)))
+        assert (claim["worker"], claim["attempt"]) == ("cpu1@test", 1)
+
+
 def test_a_task_declared_result_args_false_stores_its_state_without_its_arguments(
         basic_app: ModuleType, workers: Workers, redis_client: redis.Redis) -> None:
     """result_extended is on (Flower, sluice.attempts() read it), so Celery stores a task's

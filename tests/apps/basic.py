@@ -56,3 +56,9 @@ def double(x: int) -> int:
 def bulky(data: list[int]) -> int:
     """A task whose argument is bulk data: its stored state leaves it out."""
     return len(data)
+
+
+@app.task(track_started=False)
+def untracked(x: int) -> int:
+    """No STARTED state is stored for it: its ledger claim is made on its own."""
+    return x

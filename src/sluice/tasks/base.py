@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from sluice.client.bulk import BulkResult
 
 log = logging.getLogger("sluice.task")
+#: Where the result backend leaves the claim it made with the STARTED state, on the request:
+#: a one-tuple holding the claim that one replaced (or None).
+CLAIMED = "sluice_claimed"
 
 
 class ComputeTask(Task):
@@ -72,14 +75,24 @@ class ComputeTask(Task):
         except Exception as exc:
             self._end_attempt(request, classify(exc), f"{type(exc).__name__}: {exc}", exc)  # always raises
 
-    def _claim_delivery(self, request: Any) -> None:
-        """Claim this attempt in the ledger (one round trip); act on a redelivery of a dead attempt."""
+    def delivery_claim(self, request: Any) -> ledger.ClaimWrite | None:
+        """The ledger write that claims this attempt (None outside a worker)."""
         instance = self.app.worker_instance
         if instance is None:
+            return None
+        return ledger.ClaimWrite.of(request.id, attempt_of(request), request.hostname or "?", instance,
+                                    self.app.settings.visibility_timeout + 3600)
+
+    def _claim_delivery(self, request: Any) -> None:
+        """Claim this attempt in the ledger; act on a redelivery of a dead attempt. The claim
+        rode in the STARTED state's store when there was one (``request.sluice_claimed``, set by
+        ``sluice.tasks.result_backend``), else it costs a round trip here."""
+        write = self.delivery_claim(request)
+        if write is None:
             return
-        number = attempt_of(request)
-        ttl = self.app.settings.visibility_timeout + 3600
-        previous = ledger.claim(self.app.redis, request.id, number, request.hostname or "?", instance, ttl)
+        instance, number, ttl = self.app.worker_instance, attempt_of(request), write.ttl
+        claimed = getattr(request, CLAIMED, None)
+        previous = claimed[0] if claimed is not None else ledger.claim(self.app.redis, write)
         if previous is None:
             return
         # A message for a task that already ended (a redelivery, or a copy published twice under

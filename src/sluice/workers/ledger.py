@@ -1,7 +1,9 @@
 """The delivery ledger: which worker took which attempt of a task, so a redelivery is recognised.
 
 Each time a worker is about to run a message it claims the task in Redis with one
-``SET ... GET`` (one round trip, the old claim comes back). A message is only redelivered when
+``SET ... GET`` (the old claim comes back), made by the result backend's script in the same
+round trip as the task's STARTED state (``sluice.tasks.result_backend``), or on its own when no
+STARTED state is stored. A message is only redelivered when
 the worker holding it never acknowledged it; so an old claim for the same attempt means that
 attempt started and never finished. If its worker is gone (heartbeat expired, or a new
 instance under the same name), the attempt is counted as lost and the retry policy decides.
@@ -36,10 +38,23 @@ class Claim:
         return json.dumps(asdict(self))
 
 
-def claim(client: redis.Redis, task_id: str, attempt: int, worker: str, instance: str, ttl: int) -> Claim | None:
-    """Record that this worker runs ``attempt`` now; return the claim it replaced, if any."""
-    mine = Claim(attempt, worker, instance, time.time())
-    return Claim.load(client.set(keys.delivery(task_id), mine.dump(), ex=ttl, get=True))
+@dataclass(frozen=True)
+class ClaimWrite:
+    """The write that makes a claim: ``SET key value EX ttl GET`` (the old claim comes back).
+    The result backend makes it in the same round trip as the task's STARTED state."""
+
+    key: str
+    value: str
+    ttl: int
+
+    @classmethod
+    def of(cls, task_id: str, attempt: int, worker: str, instance: str, ttl: int) -> ClaimWrite:
+        return cls(keys.delivery(task_id), Claim(attempt, worker, instance, time.time()).dump(), ttl)
+
+
+def claim(client: redis.Redis, write: ClaimWrite) -> Claim | None:
+    """Record that this worker runs the attempt now; return the claim it replaced, if any."""
+    return Claim.load(client.set(write.key, write.value, ex=write.ttl, get=True))
 
 
 def current(client: redis.Redis, task_id: str) -> Claim | None:
