@@ -77,12 +77,23 @@ class Compute:
             return AUTO
         return None if self.memory_bytes is None else format_memory(self.memory_bytes)
 
+    @classmethod
+    def _validated(cls, millicores: int | None, memory_bytes: int | None, gpu: int | None,
+                   auto_memory: bool) -> Compute:
+        """From axes taken from Computes (so already valid), without parsing them again: every
+        message a worker runs derives its compute with :meth:`inherit`."""
+        compute = object.__new__(cls)
+        for name, value in zip(cls.__slots__, (millicores, memory_bytes, gpu, auto_memory)):
+            object.__setattr__(compute, name, value)
+        return compute
+
     def inherit(self, default: Compute) -> Compute:
         """Fill each unset axis from ``default``; set axes (``memory="auto"`` too) win."""
         own_memory = self.memory_bytes is not None or self.auto_memory
-        return Compute(cpu=self.cpu if self.millicores is not None else default.cpu,
-                       memory=self.memory if own_memory else default.memory,
-                       gpu=self.gpu if self.gpu is not None else default.gpu)
+        return Compute._validated(self.millicores if self.millicores is not None else default.millicores,
+                                  self.memory_bytes if own_memory else default.memory_bytes,
+                                  self.gpu if self.gpu is not None else default.gpu,
+                                  self.auto_memory if own_memory else default.auto_memory)
 
     def replace(self, *, memory_bytes: int | None = None) -> Compute:
         """A copy with the given axes changed (escalation grows memory this way)."""

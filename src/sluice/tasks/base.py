@@ -80,19 +80,25 @@ class ComputeTask(Task):
         instance = self.app.worker_instance
         if instance is None:
             return None
-        return ledger.ClaimWrite.of(request.id, attempt_of(request), request.hostname or "?", instance,
-                                    self.app.settings.visibility_timeout + 3600)
+        return ledger.ClaimWrite.of(request.id, attempt_of(request), request.hostname or "?", instance, self.claim_ttl)
+
+    @property
+    def claim_ttl(self) -> int:
+        """How long a ledger claim is kept: past any redelivery of the attempt it records."""
+        return self.app.settings.visibility_timeout + 3600
 
     def _claim_delivery(self, request: Any) -> None:
         """Claim this attempt in the ledger; act on a redelivery of a dead attempt. The claim
         rode in the STARTED state's store when there was one (``request.sluice_claimed``, set by
         ``sluice.tasks.result_backend``), else it costs a round trip here."""
-        write = self.delivery_claim(request)
-        if write is None:
-            return
-        instance, number, ttl = self.app.worker_instance, attempt_of(request), write.ttl
         claimed = getattr(request, CLAIMED, None)
-        previous = claimed[0] if claimed is not None else ledger.claim(self.app.redis, write)
+        if claimed is None:
+            write = self.delivery_claim(request)
+            if write is None:
+                return
+            claimed = (ledger.claim(self.app.redis, write),)
+        instance, number, ttl = self.app.worker_instance, attempt_of(request), self.claim_ttl
+        previous = claimed[0]
         if previous is None:
             return
         # A message for a task that already ended (a redelivery, or a copy published twice under

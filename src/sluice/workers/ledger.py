@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import redis
 
@@ -35,7 +35,7 @@ class Claim:
         return None if raw is None else cls(**json.loads(raw))
 
     def dump(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps({"attempt": self.attempt, "worker": self.worker, "instance": self.instance, "at": self.at})
 
 
 @dataclass(frozen=True)
