@@ -20,6 +20,7 @@ from sluice import _kombu
 from sluice.cli import main
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.queues import dead_letters
+from sluice.transport import FETCH
 from tests.conftest import Workers, wait_for
 
 pytestmark = pytest.mark.integration
@@ -49,6 +50,55 @@ def test_a_task_sent_to_a_stopped_worker_that_is_then_killed_still_runs(redis_cl
     victim.wait(10)
     workers.start("tests.apps.basic", "cpu", "next", *ARGS, env=FAST_RECOVERY)
     assert result.get(timeout=60)["worker"] == "next@test"
+
+
+def test_a_worker_killed_after_storing_a_result_before_its_ack_reached_redis_runs_nothing_twice(
+        redis_client: redis.Redis, workers: Workers, basic_app) -> None:  # noqa: ANN001
+    """The worst instant for an acknowledgement (which reaches Redis with the worker's next
+    fetch): the task's success is stored, the worker's main process is stopped before it has
+    acknowledged the message (the task stops it), and the worker is SIGKILLed. The message is
+    still held in Redis; the next worker's reaper puts it back, the worker that receives it
+    sees the stored success and does not run the body again, and no copy is left in Redis."""
+    victim = workers.start("tests.apps.basic", "cpu", "frozen", *ARGS, env=FAST_RECOVERY)
+    result = basic_app.freeze_worker_then_return.delay("test:frozen-runs")
+    assert result.get(timeout=30) == "done"
+    assert _in_redis(redis_client, "cpu") == 1, "the stopped worker still holds the message"
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    workers.start("tests.apps.basic", "cpu", "next", *ARGS, env=FAST_RECOVERY)
+    wait_for(lambda: _in_redis(redis_client, "cpu") == 0, 30, "the held message to be put back and dropped")
+    assert redis_client.get("test:frozen-runs") == b"1"
+    assert result.get(timeout=5) == "done"
+
+
+def test_an_ack_is_carried_by_the_next_fetch_or_flushed_when_none_comes(
+        redis_client: redis.Redis, basic_app) -> None:  # noqa: ANN001
+    """On the sluice transport an acknowledgement is not a round trip of its own: after ack the
+    message is still in Redis's unacked hash, the channel's next fetch removes it (and takes the
+    next message); an ack with no fetch after it is sent when the channel closes."""
+    from kombu import Producer, Queue
+
+    queue = "ack-test"
+    with basic_app.app.connection_for_write() as connection:
+        channel = connection.default_channel
+        channel.client.script_load(FETCH)  # as the channel does on a fresh Redis
+        producer = Producer(channel)
+        for n in range(2):
+            producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")
+        tags = []
+        for _ in range(2):
+            _, _, _, tag = channel.client.execute_command(*channel._fetch_command([queue]))
+            channel._acks_in_flight = 0  # read by hand here, not by the channel's own reply handler
+            tags.append(tag.decode())
+            channel.fetched.add(tags[-1])  # as the channel's delivery does: the script recorded it
+            channel.qos.append(None, tags[-1])
+            channel.qos.ack(tags[-1])
+            assert redis_client.hexists(LAYOUT.unacked_key, tags[-1]), "acknowledged here, not yet in Redis"
+            if len(tags) == 2:
+                assert not redis_client.hexists(LAYOUT.unacked_key, tags[0]), "the second fetch carried the first ack"
+        channel.close()
+    assert not redis_client.hexists(LAYOUT.unacked_key, tags[1]) and not redis_client.zscore(LAYOUT.unacked_index_key,
+                                                                                          tags[1])
 
 
 def test_a_fetched_eta_task_whose_worker_is_killed_runs_once_on_the_next(redis_client: redis.Redis, workers: Workers,
@@ -164,6 +214,7 @@ def test_a_publish_adds_one_bell_token_and_the_next_fetch_trims_the_bell_to_its_
     queue, extra = "bell-test", 20
     with basic_app.app.connection_for_write() as connection:
         channel = connection.default_channel
+        channel.client.script_load(FETCH)  # as the channel does on a fresh Redis
         producer = Producer(channel)
         for n in range(BELL_CAP + extra):
             producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")

@@ -127,13 +127,25 @@ class UnansweredPublisher:
 
 
 class ReliableQoS(kombu_redis.QoS):
-    """kombu's ack emulation, minus the unacked write the fetch script has already made; and a
-    ``gate`` a packed worker sets, so its channel fetches nothing while it has no room."""
+    """kombu's ack emulation, minus the unacked write the fetch script has already made, with
+    acks carried to Redis by the channel's next fetch; and a ``gate`` a packed worker sets, so
+    its channel fetches nothing while it has no room."""
 
     gate: Callable[[], bool] | None = None
 
     def can_consume(self) -> bool:
-        return super().can_consume() and (self.gate is None or self.gate())
+        able = super().can_consume() and (self.gate is None or self.gate())
+        if not able:
+            self.channel.flush_acks()  # no fetch will carry them
+        return able
+
+    def ack(self, delivery_tag: str) -> None:
+        """Acknowledged here at once (the slot is free); in Redis by the next fetch (``fetch.lua``),
+        or by :meth:`ReliableChannel.flush_acks` when no fetch comes first. A worker killed in
+        between leaves the message held, as one killed just before kombu's ack would: the
+        reaper puts it back and the delivery ledger sees the attempt ended, so it is not run again."""
+        self.channel.pending_acks.append(delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag in self.channel.fetched:
@@ -167,6 +179,10 @@ class ReliableChannel(kombu_redis.Channel):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.fetched: set[str] = set()
+        #: Tags acknowledged here and not yet in Redis (see ``ReliableQoS.ack``); the fetch in
+        #: flight carries ``_acks_in_flight`` of them.
+        self.pending_acks: list[str] = []
+        self._acks_in_flight = 0
         self._no_ack: set[str] = set()
         self._lists: list[str] = []
         super().__init__(*args, **kwargs)
@@ -209,7 +225,21 @@ class ReliableChannel(kombu_redis.Channel):
                                        {"delivery_mode": delivery_mode})
         self.basic_publish(message, exchange, routing_key)
 
+    def flush_acks(self) -> None:
+        """Send the acknowledgements no fetch has carried (one round trip; none when there are none)."""
+        tags = self.pending_acks[self._acks_in_flight:]
+        if not tags:
+            return
+        with self.conn_or_acquire() as client:
+            client.pipeline().zrem(self.unacked_index_key, *tags).hdel(self.unacked_key, *tags).execute()
+        del self.pending_acks[self._acks_in_flight:self._acks_in_flight + len(tags)]
+
     def close(self) -> None:
+        try:
+            self.flush_acks()
+        except self.connection_errors:
+            log.warning("could not acknowledge %d message(s) before closing: Redis is unreachable; the reaper "
+                        "puts them back and the delivery ledger keeps them from running again", len(self.pending_acks))
         if self._unanswered is not None:
             self._unanswered.close()
         super().close()
@@ -249,6 +279,7 @@ class ReliableChannel(kombu_redis.Channel):
         if not queues:
             return
         if self._waiting:
+            self.flush_acks()  # a wait on the bells carries none
             command = ["BRPOP", *(self.layout.bell(queue) for queue in queues), timeout or self.brpop_timeout]
         else:
             command = self._fetch_command(queues)
@@ -265,8 +296,9 @@ class ReliableChannel(kombu_redis.Channel):
             script_keys += [layout._key(name), layout.bell(queue), layout.dead_letters(queue),
                             layout.dead_letter_count(queue)]
         per_list = [arg for queue, _ in lists for arg in ("1" if queue in self._no_ack else "0", queue)]
+        self._acks_in_flight = len(self.pending_acks)
         return ["EVALSHA", FETCH_SHA, len(script_keys), *script_keys, repr(time.time()),
-                "1" if self._woken else "0", _kombu.DEAD_LETTER_CAP, BELL_CAP, *per_list]
+                "1" if self._woken else "0", _kombu.DEAD_LETTER_CAP, BELL_CAP, *per_list, *self.pending_acks]
 
     def _brpop_read(self, **options: Any) -> bool:
         waited, connection = self._waiting, self.client.connection
@@ -279,7 +311,10 @@ class ReliableChannel(kombu_redis.Channel):
             except NoScriptError:  # a new or restarted Redis: load the script, fetch again
                 self.client.script_load(FETCH)
                 raise Empty() from None
+            if not waited:  # the script ran: the acks it carried are in Redis
+                del self.pending_acks[:self._acks_in_flight]
         finally:
+            self._acks_in_flight = 0
             self._in_poll = None
             self._flush_brpop_reauth()
         if waited:  # a bell rang, or the wait timed out: fetch next either way

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -62,3 +63,12 @@ def bulky(data: list[int]) -> int:
 def untracked(x: int) -> int:
     """No STARTED state is stored for it: its ledger claim is made on its own."""
     return x
+
+
+@app.task
+def freeze_worker_then_return(key: str) -> str:
+    """Counts its run in ``key``, then stops (SIGSTOP) the worker's main process: the result is
+    stored by this pool process, while the worker can no longer acknowledge the message."""
+    app.redis.incr(key)
+    os.kill(os.getppid(), signal.SIGSTOP)
+    return "done"

@@ -8,7 +8,9 @@
 -- ARGV[1] now (seconds), ARGV[2] "1" when a bell ring woke this fetch (its token is spent),
 -- ARGV[3] the dead-letter list cap, ARGV[4] the bell cap, then two per list: "1" for a no-ack
 -- consumer (the message is only popped, as kombu does for no_ack) or "0", and the list's queue
--- name.
+-- name; then the delivery tags of messages the worker has acknowledged since its last fetch,
+-- removed from the unacked hash and index first (kombu's ack, carried by the fetch: a round
+-- trip fewer per task).
 --
 -- A publish pushes one bell token and does not trim (one command less on every .delay()): the
 -- fetch that takes a message spends a token and trims the bell to its cap, so a bell holds at
@@ -38,6 +40,10 @@ end
 
 local now, woken, cap, bell_cap = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
 local lists = (#KEYS - 2) / 4
+for j = 5 + 2 * lists, #ARGV do
+  redis.call('ZREM', KEYS[2], ARGV[j])
+  redis.call('HDEL', KEYS[1], ARGV[j])
+end
 local dead = 0
 for i = 1, lists do
   local list, bell, dead_list, dead_count = KEYS[4 * i - 1], KEYS[4 * i], KEYS[4 * i + 1], KEYS[4 * i + 2]
