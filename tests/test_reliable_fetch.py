@@ -209,7 +209,7 @@ def test_a_publish_adds_one_bell_token_and_the_next_fetch_trims_the_bell_to_its_
     from kombu import Producer, Queue
 
     from sluice import keys
-    from sluice.transport import BELL_CAP
+    from sluice.publishing import BELL_CAP
 
     queue, extra = "bell-test", 20
     with basic_app.app.connection_for_write() as connection:

@@ -13,7 +13,7 @@ import redis
 
 from sluice import _kombu
 from sluice.errors import ConfigurationError
-from sluice.transport import BELL_CAP
+from sluice.publishing import BELL_CAP
 
 
 @dataclass(frozen=True)
