@@ -75,6 +75,13 @@ class ReliableQoS(kombu_redis.QoS):
         self.channel.pending_acks.append(delivery_tag)
         virtual.QoS.ack(self, delivery_tag)
 
+    def restore_unacked(self, client: Any = None) -> None:
+        """kombu's (a closing channel, or its process exiting, puts back what it holds), after
+        the acknowledgements still pending are sent: an acknowledged message is never put back."""
+        self.channel.flush_acks()
+        self._flush()  # forget the acknowledged ones here too
+        super().restore_unacked(client)
+
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag in self.channel.fetched:
             self.channel.fetched.discard(delivery_tag)
@@ -154,20 +161,22 @@ class ReliableChannel(kombu_redis.Channel):
         self.basic_publish(message, exchange, routing_key)
 
     def flush_acks(self) -> None:
-        """Send the acknowledgements no fetch has carried (one round trip; none when there are none)."""
+        """Send the acknowledgements no fetch has carried (one round trip; none when there are none).
+        With Redis unreachable they stay held there: the reaper puts them back, and the delivery
+        ledger keeps them from running again."""
         tags = self.pending_acks[self._acks_in_flight:]
         if not tags:
             return
-        with self.conn_or_acquire() as client:
-            client.pipeline().zrem(self.unacked_index_key, *tags).hdel(self.unacked_key, *tags).execute()
+        try:
+            with self.conn_or_acquire() as client:
+                client.pipeline().zrem(self.unacked_index_key, *tags).hdel(self.unacked_key, *tags).execute()
+        except self.connection_errors:
+            log.warning("could not acknowledge %d message(s) in Redis: unreachable; will try again", len(tags))
+            return
         del self.pending_acks[self._acks_in_flight:self._acks_in_flight + len(tags)]
 
     def close(self) -> None:
-        try:
-            self.flush_acks()
-        except self.connection_errors:
-            log.warning("could not acknowledge %d message(s) before closing: Redis is unreachable; the reaper "
-                        "puts them back and the delivery ledger keeps them from running again", len(self.pending_acks))
+        self.flush_acks()
         if self._unanswered is not None:
             self._unanswered.close()
         super().close()
