@@ -119,6 +119,7 @@ class ReliableChannel(kombu_redis.Channel):
         self.pending_acks: list[str] = []
         self._acks_in_flight = 0
         self._no_ack: set[str] = set()
+        self._fetch_layouts: dict[tuple[str, ...], tuple[list[str], list[str], list[str]]] = {}
         self._lists: list[str] = []
         super().__init__(*args, **kwargs)
         self.layout = _kombu.RedisLayout(self.unacked_key, self.unacked_index_key, self.sep,
@@ -187,6 +188,7 @@ class ReliableChannel(kombu_redis.Channel):
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         no_ack = kwargs.get("no_ack", args[0] if args else False)
         (self._no_ack.add if no_ack else self._no_ack.discard)(queue)
+        self._fetch_layouts.clear()
         return super().basic_consume(queue, *args, **kwargs)
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
@@ -225,17 +227,27 @@ class ReliableChannel(kombu_redis.Channel):
         self.client.connection.send_command(*command)
 
     def _fetch_command(self, queues: list[str]) -> list[Any]:
+        lists, script_keys, per_list = self._fetch_layout(tuple(queues))
+        self._lists = lists
+        self._acks_in_flight = len(self.pending_acks)
+        return ["EVALSHA", FETCH_SHA, len(script_keys), *script_keys, repr(time.time()),
+                "1" if self._woken else "0", _kombu.DEAD_LETTER_CAP, BELL_CAP, *per_list, *self.pending_acks]
+
+    def _fetch_layout(self, queues: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
+        """The fetch script's lists, keys and per-list arguments for ``queues`` in this order
+        (kept: a worker fetches from the same few orders of the same queues every time)."""
+        cached = self._fetch_layouts.get(queues)
+        if cached is not None:
+            return cached
         layout = self.layout
         lists = [(queue, self._q_for_pri(queue, pri)) for pri in self.priority_steps for queue in queues]
-        self._lists = [name for _, name in lists]
         script_keys = [layout._key(self.unacked_key), layout._key(self.unacked_index_key)]
         for queue, name in lists:
             script_keys += [layout._key(name), layout.bell(queue), layout.dead_letters(queue),
                             layout.dead_letter_count(queue)]
         per_list = [arg for queue, _ in lists for arg in ("1" if queue in self._no_ack else "0", queue)]
-        self._acks_in_flight = len(self.pending_acks)
-        return ["EVALSHA", FETCH_SHA, len(script_keys), *script_keys, repr(time.time()),
-                "1" if self._woken else "0", _kombu.DEAD_LETTER_CAP, BELL_CAP, *per_list, *self.pending_acks]
+        self._fetch_layouts[queues] = made = ([name for _, name in lists], script_keys, per_list)
+        return made
 
     def _brpop_read(self, **options: Any) -> bool:
         waited, connection = self._waiting, self.client.connection
