@@ -75,7 +75,8 @@ def test_an_ack_is_carried_by_the_next_fetch_or_flushed_when_none_comes(
         redis_client: redis.Redis, basic_app) -> None:  # noqa: ANN001
     """On the sluice transport an acknowledgement is not a round trip of its own: after ack the
     message is still in Redis's unacked hash, the channel's next fetch removes it (and takes the
-    next message); an ack with no fetch after it is sent before the channel puts back what it
+    next message); an ack while the channel waits on its bells (no fetch for up to a second)
+    goes out at once; an ack with no fetch after it is sent before the channel puts back what it
     holds (as it does when closing), so an acknowledged message is not put back."""
     from kombu import Producer, Queue
 
@@ -86,6 +87,7 @@ def test_an_ack_is_carried_by_the_next_fetch_or_flushed_when_none_comes(
         producer = Producer(channel)
         for n in range(2):
             producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")
+        channel.basic_consume(queue, False, lambda *_: None, "ack-test-consumer")  # a consuming channel, as a worker's
         tags = []
         for _ in range(2):
             _, _, _, tag = channel.client.execute_command(*channel._fetch_command([queue]))
@@ -97,6 +99,13 @@ def test_an_ack_is_carried_by_the_next_fetch_or_flushed_when_none_comes(
             assert redis_client.hexists(LAYOUT.unacked_key, tags[-1]), "acknowledged here, not yet in Redis"
             if len(tags) == 2:
                 assert not redis_client.hexists(LAYOUT.unacked_key, tags[0]), "the second fetch carried the first ack"
+        channel.fetched.add(tags[1])
+        channel.qos.append(None, tags[1])  # held again (by hand), to ack while waiting on the bells
+        redis_client.hset(LAYOUT.unacked_key, tags[1], "x")
+        channel._waiting = True
+        channel.qos.ack(tags[1])
+        assert not redis_client.hexists(LAYOUT.unacked_key, tags[1]), "waiting on the bells, the ack went out at once"
+        channel._waiting = False
         channel.qos.restore_unacked()
         assert not redis_client.hexists(LAYOUT.unacked_key, tags[1]) and not redis_client.zscore(
             LAYOUT.unacked_index_key, tags[1])

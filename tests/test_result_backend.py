@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from types import ModuleType
+from typing import Any
 
 import pytest
 from celery import states
@@ -54,3 +55,28 @@ def test_outside_a_worker_a_state_is_stored_without_a_claim(basic_app: ModuleTyp
     app.backend.store_result(task_id, {"pid": 1}, states.STARTED, request=request)
     assert app.backend.get_state(task_id) == states.STARTED
     assert not hasattr(request, CLAIMED) and not app.redis.exists(keys.delivery(task_id))
+
+
+def test_with_results_in_another_redis_the_claim_stays_in_the_brokers_and_failures_keep_their_expiry(
+        redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Results in another database than the ledger (the broker's): STARTED carries no claim
+    (the task claims in the broker's Redis itself); a failure is stored with
+    ``result_failure_expires``, a success with ``result_expires``, as Celery's backend does."""
+    from sluice import App
+
+    app = App("tests.other_backend", broker=redis_server.url, backend=redis_server.url.rsplit("/", 1)[0] + "/1")
+    app.conf.result_failure_expires = 600
+    task = app.task(name="tests.other_backend.noop")(_noop)
+    monkeypatch.setattr(app, "worker_instance", "instance-2")
+    request = Context(id="task-other-1", task=task.name, hostname="w@test", delivery_info={}, headers={})
+    app.backend.store_result("task-other-1", {"pid": 1}, states.STARTED, request=request)
+    assert not hasattr(request, CLAIMED)
+    app.backend.store_result("task-other-2", ValueError("x"), states.FAILURE, request=request)
+    app.backend.store_result("task-other-3", 1, states.SUCCESS, request=request)
+    results = app.backend.client
+    assert 0 < results.ttl(app.backend.get_key_for_task("task-other-2")) <= 600
+    assert results.ttl(app.backend.get_key_for_task("task-other-3")) > 600
+
+
+def _noop() -> None:
+    """A task body no worker runs here."""

@@ -68,12 +68,18 @@ class ReliableQoS(kombu_redis.QoS):
         return able
 
     def ack(self, delivery_tag: str) -> None:
-        """Acknowledged here at once (the slot is free); in Redis by the next fetch (``fetch.lua``),
-        or by :meth:`ReliableChannel.flush_acks` when no fetch comes first. A worker killed in
-        between leaves the message held, as one killed just before kombu's ack would: the
-        reaper puts it back and the delivery ledger sees the attempt ended, so it is not run again."""
-        self.channel.pending_acks.append(delivery_tag)
+        """Acknowledged here at once (the slot is free); in Redis by the next fetch (``fetch.lua``)
+        when one follows at once, else now (:meth:`ReliableChannel.flush_acks`): a channel
+        waiting on its bells (for up to a second), consuming nothing (a warm shutdown) or closed
+        fetches nothing soon, and a finished task's message held much longer than its heartbeat
+        says it runs would be put back by a reaper. A worker killed in between leaves the
+        message held, as one killed just before kombu's ack would: the reaper puts it back and
+        the delivery ledger sees the attempt ended."""
+        channel = self.channel
+        channel.pending_acks.append(delivery_tag)
         virtual.QoS.ack(self, delivery_tag)
+        if channel._waiting or not channel.active_queues or channel.closed:
+            channel.flush_acks()
 
     def restore_unacked(self, client: Any = None) -> None:
         """kombu's (a closing channel, or its process exiting, puts back what it holds), after
@@ -165,7 +171,8 @@ class ReliableChannel(kombu_redis.Channel):
         """Send the acknowledgements no fetch has carried (one round trip; none when there are none).
         With Redis unreachable they stay held there: the reaper puts them back, and the delivery
         ledger keeps them from running again."""
-        tags = self.pending_acks[self._acks_in_flight:]
+        carried = self._acks_in_flight if self._in_poll else 0  # no fetch in flight carries any
+        tags = self.pending_acks[carried:]
         if not tags:
             return
         try:
@@ -174,7 +181,7 @@ class ReliableChannel(kombu_redis.Channel):
         except self.connection_errors:
             log.warning("could not acknowledge %d message(s) in Redis: unreachable; will try again", len(tags))
             return
-        del self.pending_acks[self._acks_in_flight:self._acks_in_flight + len(tags)]
+        del self.pending_acks[carried:carried + len(tags)]
 
     def close(self) -> None:
         self.flush_acks()
@@ -224,7 +231,11 @@ class ReliableChannel(kombu_redis.Channel):
             command = self._fetch_command(queues)
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
-        self.client.connection.send_command(*command)
+        try:
+            self.client.connection.send_command(*command)
+        except BaseException:
+            self._in_poll, self._acks_in_flight = None, 0  # not sent: it carries no acks
+            raise
 
     def _fetch_command(self, queues: list[str]) -> list[Any]:
         lists, script_keys, per_list = self._fetch_layout(tuple(queues))

@@ -76,17 +76,25 @@ class StoreInOneStep:
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:  # type: ignore[attr-defined]
             raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)
         claim = self._claim_for(request) if state == states.STARTED else None
-        _, previous = self.ensure(self._store_unless_succeeded, (self.get_key_for_task(task_id), value, claim))  # type: ignore[attr-defined]
+        _, previous = self.ensure(self._store_unless_succeeded,  # type: ignore[attr-defined]
+                                  (self.get_key_for_task(task_id), value, state, claim))  # type: ignore[attr-defined]
         if claim is not None:
             setattr(request, CLAIMED, (ledger.Claim.load(previous),))
         return result
 
     def _claim_for(self, request: Any) -> ledger.ClaimWrite | None:
-        task = self.app.tasks.get(getattr(request, "task", None) or "") if request is not None else None  # type: ignore[attr-defined]
+        """The claim to make with a STARTED state: only where results live in the Redis the
+        ledger lives in (the broker's, ``app.redis``); elsewhere the task claims on its own."""
+        app = self.app  # type: ignore[attr-defined]
+        if request is None or app.conf.result_backend != app.conf.broker_url:
+            return None
+        task = app.tasks.get(getattr(request, "task", None) or "")
         return task.delivery_claim(request) if isinstance(task, ComputeTask) else None
 
-    def _store_unless_succeeded(self, key: bytes, value: str, claim: ledger.ClaimWrite | None) -> list[Any]:
-        expires = self.expires  # type: ignore[attr-defined]
+    def _store_unless_succeeded(self, key: bytes, value: str, state: str,
+                                claim: ledger.ClaimWrite | None) -> list[Any]:
+        # Celery's expiry: result_failure_expires for a failure, result_expires otherwise
+        expires = self.failure_expires if state == states.FAILURE else self.expires  # type: ignore[attr-defined]
         args: list[Any] = [value, int(expires) if expires else ""]
         if claim is None:
             return self._store_script(keys=[key], args=args)  # type: ignore[no-any-return]

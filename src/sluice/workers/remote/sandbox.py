@@ -83,8 +83,8 @@ class Template:
         return self.ended.pop(pid)
 
     def _notice(self, timeout: float) -> tuple[bytes, int, int]:
-        self.control.settimeout(timeout)
         try:
+            self.control.settimeout(timeout)  # a closed socket (the template was stopped) fails here
             data = self.control.recv(sandbox_main.NOTICE.size)
         except OSError as exc:  # a timeout included
             raise TemplateGone(str(exc) or type(exc).__name__) from None
