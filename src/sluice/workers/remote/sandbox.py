@@ -52,7 +52,6 @@ class Template:
     """A Python process ready to fork sandboxes for one package environment."""
 
     def __init__(self, env: Path | None) -> None:
-        self.env = env
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.process = subprocess.Popen(
