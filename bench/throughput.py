@@ -79,7 +79,7 @@ def _app_and_task(kind: str) -> tuple[Any, Any]:
 def submit(kind: str, task: Any, tasks: int) -> list[str]:
     """The task ids of ``tasks`` calls, by one delay_many (``bulk``) or a ``.delay()`` loop."""
     if kind == "bulk":
-        return [result.id for result in task.delay_many([()] * tasks, progress=False).results]
+        return task.delay_many([()] * tasks, progress=False).ids
     return [task.delay().id for _ in range(tasks)]
 
 

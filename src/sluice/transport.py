@@ -40,6 +40,7 @@ from kombu.utils.json import dumps, loads
 from redis.exceptions import NoScriptError
 
 from sluice import _kombu, keys, redis_client
+from sluice.ids import new_id
 from sluice.publishing import BELL_CAP, BellBatch, UnansweredPublisher, ring
 
 log = logging.getLogger("sluice.transport")
@@ -191,6 +192,9 @@ class ReliableChannel(kombu_redis.Channel):
 
     def create_publish_batch(self, max_size: int) -> BellBatch:
         return BellBatch(self, max_size)
+
+    def _next_delivery_tag(self) -> str:
+        return new_id()  # kombu's uuid4 string, made in a third of the time
 
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         no_ack = kwargs.get("no_ack", args[0] if args else False)
