@@ -42,14 +42,13 @@ class EventDispatcher(CeleryEventDispatcher):
 
     def send_buffered(self, type: str, common: dict[str, Any], each: Iterable[dict[str, Any]]) -> None:
         """Buffer one event per item of ``each`` (its fields over ``common``), to go out with the
-        next :meth:`flush` in one message (Celery's ``task.multi``, which Flower reads): what
-        ``send()`` does for a buffered group, with the shared fields merged once, not per event
+        next :meth:`flush` in one message (e.g. ``task.multi``, which Flower reads), whether or
+        not the group is in ``buffer_group``: what ``send()`` does for a buffered group, with the
+        shared fields merged once, not per event
         (``delay_many``: a twentieth of its time). Each event has its own clock and timestamp."""
         group = group_from(type)
         if not self.enabled or (self.groups and group not in self.groups):
             return
-        if group not in self.buffer_group:
-            raise ValueError(f"send_buffered({type!r}): its group {group!r} is not buffered here ({self.buffer_group})")
         shared = Event(type, hostname=self.hostname, utcoffset=utcoffset(), pid=self.pid, **common)
         forward, now = self.clock.forward, time.time
         self._group_buffer[group].extend({**shared, **fields, "clock": forward(), "timestamp": now()} for fields in each)

@@ -137,8 +137,7 @@ class _ChunkPublisher:
         route = self.app.amqp.router.route({}, task.name, (), {}, task)
         self.queue = getattr(route["queue"], "name", route["queue"])
         self.serializer = task.serializer or self.app.conf.task_serializer
-        self.events = self.app.events.Dispatcher(producer.connection, enabled=self.app.conf.task_send_sent_event,
-                                                 buffer_group={"task"}, buffer_limit=sys.maxsize)
+        self.events = self.app.events.Dispatcher(producer.connection, enabled=self.app.conf.task_send_sent_event)
         worker_task = self.app.current_worker_task
         request = worker_task.request if worker_task else None
         self.root_id = (request.root_id or request.id) if request else None
