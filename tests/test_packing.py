@@ -58,6 +58,36 @@ def test_a_packed_worker_fills_its_memory_and_never_exceeds_it(tmp_path: Path) -
     assert any(s["start"] < big["start"] for s in spans if s is not big)     # it waited for room
 
 
+def test_a_packed_worker_backfills_past_a_big_task_it_has_no_room_for_but_not_forever(tmp_path: Path) -> None:
+    """A 1.5Gi task queued behind 8 running 200Mi tasks (1.6Gi of the 2Gi worker) waits, and the
+    small tasks queued behind it start in the room left (backfill) instead of waiting too; but
+    at most ``slots`` (8) of them pass it, so it is not starved: it starts before the queue behind
+    it has drained. Every task runs once, and memory in use never exceeds the worker."""
+    server = EmbeddedRedis(tmp_path / "redis").start()
+    client = server.client()
+    pool = Workers(client, tmp_path)
+    try:
+        pool.start("tests.apps.packing", "packed", "packed", "--without-mingle", "--without-gossip",
+                   env={"SLUICE_BROKER_URL": server.url})
+        sender = App("tests.packing.sender", broker=server.url, classes=packing.CLASSES)
+        first = [sender.send_task(TASK + "small", args=(2.0,)) for _ in range(8)]
+        big = sender.send_task(TASK + "big", args=(0.5,))
+        behind = [sender.send_task(TASK + "small", args=(0.5,)) for _ in range(30)]
+        for result in [*first, big, *behind]:
+            result.get(timeout=120)
+        spans = {s["id"]: s for s in (json.loads(raw) for raw in client.lrange("test:spans", 0, -1))}
+    finally:
+        pool.stop_all()
+        server.stop()
+    assert sorted(spans) == sorted(r.id for r in [*first, big, *behind])    # each ran, once
+    assert _peak_concurrent(list(spans.values()))[1] <= SIZE
+    started = spans[big.id]["start"]
+    passed = [r.id for r in behind if spans[r.id]["start"] < started]
+    assert passed, "no task behind the big one started while it waited: no backfill"
+    assert len(passed) <= packing.CLASSES[0].slots, f"{len(passed)} tasks passed the big one (bound: 8)"
+    assert any(spans[r.id]["start"] > started for r in behind), "the big task waited for the whole queue"
+
+
 def test_the_demand_of_a_packed_queue_sums_its_messages_compute(tmp_path: Path) -> None:
     """What the autoscaler scales a packed class by: each waiting message's effective compute,
     from the task's code or its sluice_compute header."""

@@ -1,6 +1,7 @@
 """What a publish on the sluice transport sends besides its message: its queue's bell token
 (``ring``, and ``BellBatch`` for pipelined batches), and fanout messages (events, broadcasts)
-on a connection that waits for no reply (``UnansweredPublisher``). See ``sluice.transport``."""
+on a connection that waits for no reply (``UnansweredPublisher``, through the channel mixin
+``EventPublishing``). See ``sluice.transport``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
 
 from sluice import keys
 
@@ -82,3 +84,40 @@ class UnansweredPublisher:
         if self._connection is not None and self._pid == os.getpid():
             self._connection.disconnect()
         self._connection = None
+
+
+class EventPublishing(kombu_redis.Channel):
+    """The sluice channel's fanout publishes (events, broadcasts): on an :class:`UnansweredPublisher`,
+    and Celery events (``sluice.events``) straight through ``basic_publish``."""
+
+    #: Where fanout messages go (see ``_put_fanout``), made on the first.
+    _unanswered: UnansweredPublisher | None = None
+
+    def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
+        """kombu's fanout publish (events, broadcasts), on a connection that waits for no reply
+        (see :class:`UnansweredPublisher`); batched or key-prefixed ones go kombu's way."""
+        if kwargs.get("_publish_batch") is not None or self.global_keyprefix:
+            return super()._put_fanout(exchange, message, routing_key, **kwargs)
+        if self._unanswered is None:
+            self._unanswered = UnansweredPublisher(self.pool)
+        payload = dumps(message)
+        for topic in self._get_publish_topics(exchange, routing_key):
+            self._unanswered.publish(topic, payload)
+
+    def takes_events(self, exchange: str) -> bool:
+        """Whether :meth:`publish_event` can publish to ``exchange`` here: declared on this
+        channel (kombu's way did it once), and no key prefix to apply."""
+        return not self.global_keyprefix and exchange in self.state.exchanges
+
+    def publish_event(self, exchange: str, routing_key: str, event: dict[str, Any], headers: dict[str, Any] | None,
+                      delivery_mode: int) -> None:
+        """Publish a Celery event (see ``sluice.events``): the message kombu's Producer would
+        make (JSON body, the dispatcher's headers and delivery mode), through ``basic_publish``."""
+        message = self.prepare_message(dumps(event), None, "application/json", "utf-8", headers,
+                                       {"delivery_mode": delivery_mode})
+        self.basic_publish(message, exchange, routing_key)
+
+    def close(self) -> None:
+        if self._unanswered is not None:
+            self._unanswered.close()
+        super().close()

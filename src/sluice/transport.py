@@ -28,9 +28,9 @@ import hashlib
 import logging
 import time
 from queue import Empty
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from kombu.transport import TRANSPORT_ALIASES, virtual
@@ -41,7 +41,10 @@ from redis.exceptions import NoScriptError
 
 from sluice import _kombu, keys, redis_client
 from sluice.ids import new_id
-from sluice.publishing import BELL_CAP, BellBatch, UnansweredPublisher, ring
+from sluice.publishing import BELL_CAP, BellBatch, EventPublishing, ring
+
+if TYPE_CHECKING:
+    from sluice.workers.packing import Packing
 
 log = logging.getLogger("sluice.transport")
 
@@ -55,15 +58,19 @@ LEASE_OPTION = "sluice_lease_interval"
 #: The ``delivery_info`` field naming the queue a message was fetched from (routing keys do not
 #: always name it), read where a message is kept as a dead letter.
 SOURCE_QUEUE = "sluice_queue"
+#: The ``delivery_info`` field of a message fetched from behind the head of its queue: how deep.
+FETCH_DEPTH = "sluice_depth"
+
+
 class ReliableQoS(kombu_redis.QoS):
     """kombu's ack emulation, minus the unacked write the fetch script has already made, with
     acks carried to Redis by the channel's next fetch; and a ``gate`` a packed worker sets, so
-    its channel fetches nothing while it has no room."""
+    its channel fetches nothing while it has no room, or fetches from behind the head."""
 
-    gate: Callable[[], bool] | None = None
+    gate: Packing | None = None   #: what to fetch next: nothing (None), the head (0), or deeper
 
     def can_consume(self) -> bool:
-        able = super().can_consume() and (self.gate is None or self.gate())
+        able = super().can_consume() and (self.gate is None or self.gate.depth() is not None)
         if not able:
             self.channel.flush_acks()  # no fetch will carry them
         return able
@@ -106,7 +113,7 @@ class ReliableQoS(kombu_redis.QoS):
             virtual.QoS.ack(self, delivery_tag)
 
 
-class ReliableChannel(kombu_redis.Channel):
+class ReliableChannel(EventPublishing, kombu_redis.Channel):
     """A Redis channel that fetches with ``fetch.lua`` and waits on bells (see the module docstring)."""
 
     QoS = ReliableQoS
@@ -116,8 +123,6 @@ class ReliableChannel(kombu_redis.Channel):
     _woken = False
     #: The client ``conn_or_acquire`` hands out (see there).
     _shared_client: Any = None
-    #: Where fanout messages go (see ``_put_fanout``), made on the first.
-    _unanswered: UnansweredPublisher | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.fetched: set[str] = set()
@@ -128,6 +133,7 @@ class ReliableChannel(kombu_redis.Channel):
         self._no_ack: set[str] = set()
         self._fetch_layouts: dict[tuple[str, ...], tuple[list[str], list[str], list[str]]] = {}
         self._lists: list[str] = []
+        self._depth = 0   #: how deep the fetch in flight reads (see FetchGate)
         super().__init__(*args, **kwargs)
         self.layout = _kombu.RedisLayout(self.unacked_key, self.unacked_index_key, self.sep,
                                          tuple(self.priority_steps), self.global_keyprefix)
@@ -143,30 +149,6 @@ class ReliableChannel(kombu_redis.Channel):
         if self._shared_client is None or self._shared_client.connection_pool is not pool:
             self._shared_client = self._create_client()
         yield self._shared_client
-
-    def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
-        """kombu's fanout publish (events, broadcasts), on a connection that waits for no reply
-        (see :class:`UnansweredPublisher`); batched or key-prefixed ones go kombu's way."""
-        if kwargs.get("_publish_batch") is not None or self.global_keyprefix:
-            return super()._put_fanout(exchange, message, routing_key, **kwargs)
-        if self._unanswered is None:
-            self._unanswered = UnansweredPublisher(self.pool)
-        payload = dumps(message)
-        for topic in self._get_publish_topics(exchange, routing_key):
-            self._unanswered.publish(topic, payload)
-
-    def takes_events(self, exchange: str) -> bool:
-        """Whether :meth:`publish_event` can publish to ``exchange`` here: declared on this
-        channel (kombu's way did it once), and no key prefix to apply."""
-        return not self.global_keyprefix and exchange in self.state.exchanges
-
-    def publish_event(self, exchange: str, routing_key: str, event: dict[str, Any], headers: dict[str, Any] | None,
-                      delivery_mode: int) -> None:
-        """Publish a Celery event (see ``sluice.events``): the message kombu's Producer would
-        make (JSON body, the dispatcher's headers and delivery mode), through ``basic_publish``."""
-        message = self.prepare_message(dumps(event), None, "application/json", "utf-8", headers,
-                                       {"delivery_mode": delivery_mode})
-        self.basic_publish(message, exchange, routing_key)
 
     def flush_acks(self) -> None:
         """Send the acknowledgements no fetch has carried (one round trip; none when there are none).
@@ -186,8 +168,6 @@ class ReliableChannel(kombu_redis.Channel):
 
     def close(self) -> None:
         self.flush_acks()
-        if self._unanswered is not None:
-            self._unanswered.close()
         super().close()
 
     def create_publish_batch(self, max_size: int) -> BellBatch:
@@ -245,8 +225,11 @@ class ReliableChannel(kombu_redis.Channel):
         lists, script_keys, per_list = self._fetch_layout(tuple(queues))
         self._lists = lists
         self._acks_in_flight = len(self.pending_acks)
+        gate = self.qos.gate
+        self._depth = (gate.depth() or 0) if gate is not None else 0
         return ["EVALSHA", FETCH_SHA, len(script_keys), *script_keys, repr(time.time()),
-                "1" if self._woken else "0", _kombu.DEAD_LETTER_CAP, BELL_CAP, *per_list, *self.pending_acks]
+                "1" if self._woken else "0", _kombu.DEAD_LETTER_CAP, BELL_CAP, gate.queue if gate else "",
+                self._depth, *per_list, *self.pending_acks]
 
     def _fetch_layout(self, queues: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
         """The fetch script's lists, keys and per-list arguments for ``queues`` in this order
@@ -288,6 +271,9 @@ class ReliableChannel(kombu_redis.Channel):
         if dead:
             log.warning("moved %d malformed message(s) to the dead letters (sluice dead-letters list)", dead)
         self._woken = False
+        if not taken and self._depth:
+            self.qos.gate.found_nothing()  # type: ignore[union-attr]  # a depth came from it
+            raise Empty()
         if not taken:
             self._waiting = True
             raise Empty()
@@ -304,6 +290,8 @@ class ReliableChannel(kombu_redis.Channel):
         try:
             message = loads(bytes_to_str(raw))
             message["properties"]["delivery_info"][SOURCE_QUEUE] = queue
+            if self._depth and queue == self.qos.gate.queue:  # type: ignore[union-attr]  # a depth came from it
+                message["properties"]["delivery_info"][FETCH_DEPTH] = self._depth
             self.connection._deliver(message, queue)
         except self.connection_errors:
             raise
@@ -315,13 +303,14 @@ class ReliableChannel(kombu_redis.Channel):
             _kombu.dead_letter(redis.Redis(connection_pool=self.pool), self.layout, letter, held_tag=tag)
             log.warning("moved message %s from %s to the dead letters: %s: %s", tag, queue, type(exc).__name__, exc)
 
-    def forward(self, message: Any, queue: str, headers: dict[str, Any], put_back: bool = False) -> bool:
+    def forward(self, message: Any, queue: str, headers: dict[str, Any], put_back: int | None = None) -> bool:
         """Move a message this channel holds to ``queue`` with new ``headers``, atomically
         (``forward.lua``), and forget it here; False when it was no longer held (restored).
         Its routing becomes the default exchange and the queue's name, as the reaper's moves.
-        ``put_back``: to the head of its own queue, uncounted (a packed worker without room)."""
+        ``put_back``: that many messages behind the head of its own queue, uncounted (a packed
+        worker without room)."""
         raw, tag = message._raw, message.delivery_tag
-        info = {k: v for k, v in raw["properties"]["delivery_info"].items() if k != SOURCE_QUEUE}
+        info = {k: v for k, v in raw["properties"]["delivery_info"].items() if k not in (SOURCE_QUEUE, FETCH_DEPTH)}
         source = raw["properties"]["delivery_info"].get(SOURCE_QUEUE) or info.get("routing_key") or "?"
         payload = dict(raw, headers=headers, properties=dict(
             raw["properties"], delivery_info=dict(info, exchange="", routing_key=queue)))
@@ -331,7 +320,7 @@ class ReliableChannel(kombu_redis.Channel):
         moved = client.register_script(FORWARD)(
             keys=[layout._key(self.unacked_key), layout._key(self.unacked_index_key), layout._key(target),
                   layout.bell(queue), layout._key(keys.FORWARDED)],
-            args=[tag, dumps(payload), BELL_CAP, "" if put_back else f"{source} {queue}", "1" if put_back else "0"])
+            args=[tag, dumps(payload), BELL_CAP, "" if put_back is not None else f"{source} {queue}", "" if put_back is None else put_back])
         self.fetched.discard(tag)
         self.qos.forget(tag)
         return bool(moved)

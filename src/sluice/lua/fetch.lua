@@ -6,7 +6,9 @@
 -- four keys per queue list, in the order to try them: the list, its queue's bell, its queue's
 -- dead-letter list, its queue's dead-letter counter.
 -- ARGV[1] now (seconds), ARGV[2] "1" when a bell ring woke this fetch (its token is spent),
--- ARGV[3] the dead-letter list cap, ARGV[4] the bell cap, then two per list: "1" for a no-ack
+-- ARGV[3] the dead-letter list cap, ARGV[4] the bell cap, ARGV[5] a queue whose lists are read
+-- ARGV[6] messages deep ("0": at the head, as always; more: a packed worker backfilling past
+-- messages it has no room for, see sluice.workers.packing), then two per list: "1" for a no-ack
 -- consumer (the message is only popped, as kombu does for no_ack) or "0", and the list's queue
 -- name; then the delivery tags of messages the worker has acknowledged since its last fetch,
 -- removed from the unacked hash and index first (kombu's ack, carried by the fetch: a round
@@ -39,22 +41,30 @@ local function envelope(raw)
 end
 
 local now, woken, cap, bell_cap = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
+local deep_queue, depth = ARGV[5], tonumber(ARGV[6])
 local lists = (#KEYS - 2) / 4
-for j = 5 + 2 * lists, #ARGV do
+for j = 7 + 2 * lists, #ARGV do
   redis.call('ZREM', KEYS[2], ARGV[j])
   redis.call('HDEL', KEYS[1], ARGV[j])
 end
 local dead = 0
 for i = 1, lists do
   local list, bell, dead_list, dead_count = KEYS[4 * i - 1], KEYS[4 * i], KEYS[4 * i + 1], KEYS[4 * i + 2]
+  local deep = depth > 0 and ARGV[6 + 2 * i] == deep_queue
   while true do
-    local raw = redis.call('RPOP', list)
+    local raw
+    if deep then
+      raw = redis.call('LINDEX', list, -1 - depth)
+      if raw then redis.call('LREM', list, -1, raw) end  -- the first equal from the head of the queue: that one
+    else
+      raw = redis.call('RPOP', list)
+    end
     if not raw then break end
     local tag, exchange, routing_key = envelope(raw)  -- or nil and the reason
     if tag then
       if not woken then redis.call('RPOP', bell) end
       redis.call('LTRIM', bell, 0, bell_cap - 1)
-      if ARGV[3 + 2 * i] ~= '1' then
+      if ARGV[5 + 2 * i] ~= '1' then
         redis.call('ZADD', KEYS[2], now, tag)
         redis.call('HSET', KEYS[1], tag,
           '[' .. raw .. ',' .. cjson.encode(exchange) .. ',' .. cjson.encode(routing_key) .. ']')
@@ -62,7 +72,7 @@ for i = 1, lists do
       return {dead, i, raw, tag}
     end
     local reason = exchange
-    local header = cjson.encode({reason = reason, queue = ARGV[4 + 2 * i], at = tonumber(now)})
+    local header = cjson.encode({reason = reason, queue = ARGV[6 + 2 * i], at = tonumber(now)})
     redis.call('LPUSH', dead_list, header .. '\n' .. raw)
     redis.call('LTRIM', dead_list, 0, cap - 1)
     redis.call('INCR', dead_count)

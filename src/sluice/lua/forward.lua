@@ -6,14 +6,26 @@
 -- the message's priority), KEYS[4] the target queue's bell, KEYS[5] the forward counters hash.
 -- ARGV[1] the held message's delivery tag, ARGV[2] the message to push (its delivery info and
 -- headers already rewritten for the target), ARGV[3] the bell cap, ARGV[4] the counter's field
--- ("" to count nothing), ARGV[5] "1" to put it at the head of the queue (taken next) instead of
--- the tail.
+-- ("" to count nothing), ARGV[5] "" to push it at the tail of the queue, or a number d to put it
+-- back d messages behind the head (0: the head, taken next), where a packed worker found it.
 -- Returns 1 when moved, 0 when the tag was no longer held (restored by the reaper or by kombu's
 -- visibility timeout: the queue it came from has it again, and nothing is pushed).
 
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call(ARGV[5] == '1' and 'RPUSH' or 'LPUSH', KEYS[3], ARGV[2])
+local depth = tonumber(ARGV[5])
+if depth then
+  local ahead = {}
+  for _ = 1, depth do
+    local message = redis.call('RPOP', KEYS[3])
+    if not message then break end
+    ahead[#ahead + 1] = message
+  end
+  redis.call('RPUSH', KEYS[3], ARGV[2])
+  for k = #ahead, 1, -1 do redis.call('RPUSH', KEYS[3], ahead[k]) end
+else
+  redis.call('LPUSH', KEYS[3], ARGV[2])
+end
 redis.call('LPUSH', KEYS[4], 1)
 redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[3]) - 1)
 if ARGV[4] ~= '' then redis.call('HINCRBY', KEYS[5], ARGV[4], 1) end

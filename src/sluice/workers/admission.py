@@ -124,9 +124,9 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
         compute = app.resolve(task.name, declared)
         verdict = decide(task.name, compute, source, catalog, intake, headers.forwarded)
         if verdict is RUN:
-            if packing is not None and source == packing.resource_class.name and not (message.headers or {}).get("eta") \
-                    and not packing.fits(compute):
-                return packing.put_back(message, source, task.name, compute)
+            if packing is not None and source == packing.queue and not (message.headers or {}).get("eta") \
+                    and not packing.admit(message, task.name, compute):
+                return None   # put back (see sluice.workers.packing)
             return handle(message, body, ack, reject, callbacks, **options)
         try:
             if verdict.forward_to is not None:

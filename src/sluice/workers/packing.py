@@ -7,12 +7,15 @@ starts a message only when the message's effective compute fits what its running
 free on every axis (cpu, memory, gpu), up to ``slots`` tasks at once. The watchdog still holds
 each task to its own limit, so a neighbour cannot take another's memory.
 
-A message that does not fit now is put back at the head of its queue (one atomic move, see
+A message that does not fit now is put back where it was in its queue (one atomic move, see
 ``forward.lua``; never held hostage, never lost, acks stay late), where another worker with room
-can take it, and this worker fetches nothing more until one of its running tasks has ended (a
-gate on its channel's QoS). It then takes the head message again, so a big task is not passed
-over by the small ones behind it: it starts as soon as enough of them have finished. ETA
-messages are judged when Celery holds them, not when they come due.
+can take it. This worker then backfills: it fetches the message behind the ones it had no room
+for (``fetch.lua`` reads its queue that deep) and starts it if it fits. Backfill is bounded, so a
+big task is not starved by the small ones behind it: after ``slots`` messages have started past
+the same head, or ``MAX_DEPTH`` messages in a row did not fit, or nothing is behind, the worker
+fetches nothing until one of its running tasks ends; an end of one always sends it back to the
+head of the queue, which starts as soon as enough tasks have finished. ETA messages are judged
+when Celery holds them, not when they come due.
 """
 
 from __future__ import annotations
@@ -25,18 +28,28 @@ from celery.worker import state
 from sluice.compute import Compute
 from sluice.queues.catalog import ResourceClass
 from sluice.tasks.escalation import Attempt
+from sluice.transport import FETCH_DEPTH
 
 log = logging.getLogger("sluice.worker")
 
 
+#: How many messages in a row, from the head of the queue, a worker may find without room before
+#: it waits for a task to end instead (each costs a fetch and a put-back).
+MAX_DEPTH = 8
+
+
 class Packing:
-    """The room left on one packed worker, and the gate that pauses fetching while there is none."""
+    """The room left on one packed worker, and what its channel fetches next (``sluice.transport``)."""
 
     def __init__(self, resource_class: ResourceClass) -> None:
         self.resource_class = resource_class
+        self.queue = resource_class.name
         self.size = resource_class.slot
         self._computes: dict[str, Compute] = {}
-        self._waiting_for: frozenset[str] | None = None   #: the tasks running when a message was put back
+        self._depth: int | None = 0          #: what to fetch next: nothing (None), the head (0), deeper
+        self._running_then: frozenset[str] = frozenset()   #: the tasks running when a fetch was put off
+        self._head: str | None = None        #: the delivery tag of the head message without room
+        self._passes = 0                     #: messages started past that head
 
     def used(self) -> tuple[int, int, int]:
         """Millicores, bytes and gpus of every request the worker holds (reserved or running)."""
@@ -61,19 +74,46 @@ class Packing:
                 and memory + (compute.memory_bytes or 0) <= (self.size.memory_bytes or 0)
                 and gpus + compute.gpus <= self.size.gpus)
 
-    def put_back(self, message: Any, queue: str, name: str, compute: Compute) -> None:
-        """Return the message to the head of ``queue`` and stop fetching until a task ends."""
-        message.channel.forward(message, queue, dict(message.headers or {}), put_back=True)
-        self._waiting_for = frozenset(req.id for req in state.reserved_requests) or None  # none: nothing to wait for
-        message.channel.qos.gate = self.has_room
-        log.debug("no room for task %s (%s) beside %d task(s) on %s: put back on %s until one ends", name,
-                  compute.describe(), len(self._waiting_for or ()), self.size.describe(), queue)
-
-    def has_room(self) -> bool:
-        """The gate: False from a put-back until one of the tasks running then has ended."""
-        if self._waiting_for is None:
+    def admit(self, message: Any, name: str, compute: Compute) -> bool:
+        """Whether to start ``message`` (from this class's queue) now; if not, it is put back
+        where it was found, and the next fetch goes one message deeper or waits."""
+        depth = message.delivery_info.get(FETCH_DEPTH, 0)
+        if self.fits(compute):
+            if depth == 0:
+                self._head, self._passes = None, 0     # the head starts: backfill may pass the next
+            else:
+                self._passes += 1
+                if self._passes >= self.resource_class.slots:
+                    self._wait_for_an_end()
             return True
-        if self._waiting_for - {req.id for req in state.reserved_requests}:
-            self._waiting_for = None
-            return True
+        message.channel.forward(message, self.queue, dict(message.headers or {}), put_back=depth)
+        message.channel.qos.gate = self   # its fetches now follow depth()
+        if depth == 0 and message.delivery_tag != self._head:
+            self._head, self._passes = message.delivery_tag, 0
+        if depth + 1 < MAX_DEPTH and self._passes < self.resource_class.slots:
+            self._depth, self._running_then = depth + 1, self._running()
+        else:
+            self._wait_for_an_end()
+        log.debug("no room for task %s (%s) on %s: put back %d deep on %s; next fetch: %s", name,
+                  compute.describe(), self.size.describe(), depth, self.queue, self._depth)
         return False
+
+    def depth(self) -> int | None:
+        """What the channel fetches next: None (nothing, until a task ends), 0 (the head of each
+        queue) or d (the message d deep in this class's queue). An end of a task that was running
+        when the head did not fit sends the next fetch back to the head."""
+        if self._depth != 0 and self._running_then - self._running():
+            self._depth, self._running_then = 0, frozenset()
+        return self._depth
+
+    def found_nothing(self) -> None:
+        """The fetch deep in the queue found nothing: wait for a task to end."""
+        self._wait_for_an_end()
+
+    def _wait_for_an_end(self) -> None:
+        running = self._running()
+        self._depth, self._running_then = (None, running) if running else (0, frozenset())
+
+    @staticmethod
+    def _running() -> frozenset[str]:
+        return frozenset(req.id for req in state.reserved_requests)
