@@ -82,7 +82,9 @@ def test_a_packed_worker_backfills_past_a_big_task_it_has_no_room_for_but_not_fo
     assert sorted(spans) == sorted(r.id for r in [*first, big, *behind])    # each ran, once
     assert _peak_concurrent(list(spans.values()))[1] <= SIZE
     started = spans[big.id]["start"]
-    passed = [r.id for r in behind if spans[r.id]["start"] < started]
+    # a task admitted just after the big one may enter its body a few ms before it (another pool
+    # process): only tasks that started clearly before it passed it
+    passed = [r.id for r in behind if spans[r.id]["start"] < started - 0.05]
     assert passed, "no task behind the big one started while it waited: no backfill"
     assert len(passed) <= packing.CLASSES[0].slots, f"{len(passed)} tasks passed the big one (bound: 8)"
     assert any(spans[r.id]["start"] > started for r in behind), "the big task waited for the whole queue"
