@@ -59,8 +59,9 @@ def test_a_packed_worker_fills_its_memory_and_never_exceeds_it(tmp_path: Path) -
 
 
 def test_a_packed_worker_backfills_past_a_big_task_it_has_no_room_for_but_not_forever(tmp_path: Path) -> None:
-    """A 1.5Gi task queued behind 8 running 200Mi tasks (1.6Gi of the 2Gi worker) waits, and the
-    small tasks queued behind it start in the room left (backfill) instead of waiting too; but
+    """A 1.5Gi task queued behind 8 running 200Mi tasks (1.6Gi of the 2Gi worker, ending one at a
+    time) waits, and the small tasks queued behind it start in the room each end leaves (backfill)
+    instead of waiting too; but
     at most ``slots`` (8) of them pass it, so it is not starved: it starts before the queue behind
     it has drained. Every task runs once, and memory in use never exceeds the worker."""
     server = EmbeddedRedis(tmp_path / "redis").start()
@@ -70,7 +71,8 @@ def test_a_packed_worker_backfills_past_a_big_task_it_has_no_room_for_but_not_fo
         pool.start("tests.apps.packing", "packed", "packed", "--without-mingle", "--without-gossip",
                    env={"SLUICE_BROKER_URL": server.url})
         sender = App("tests.packing.sender", broker=server.url, classes=packing.CLASSES)
-        first = [sender.send_task(TASK + "small", args=(2.0,)) for _ in range(8)]
+        # staggered ends (0.4 s apart): each frees 200Mi, room for a small task but not the big one
+        first = [sender.send_task(TASK + "small", args=(1.0 + 0.4 * i,)) for i in range(8)]
         big = sender.send_task(TASK + "big", args=(0.5,))
         behind = [sender.send_task(TASK + "small", args=(0.5,)) for _ in range(30)]
         for result in [*first, big, *behind]:
