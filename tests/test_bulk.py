@@ -42,23 +42,32 @@ def test_delay_many_runs_every_call_once_and_yields_each_as_it_finishes(basic_ap
 def test_a_bulk_message_is_the_one_apply_async_builds_routed_the_same(basic_app: ModuleType,
                                                                       redis_client: redis.Redis) -> None:
     """No worker: the messages stay queued where routing put them (big_task's 4Gi on highmem),
-    and one from delay_many carries the same headers and body as one from apply_async with the
-    same arguments (ids and timestamps aside); each rings the queue's bell once."""
+    and one from delay_many is, field for field, the one apply_async makes with the same
+    arguments (also with a quote and a non-ASCII letter in them, for double on cpu) but for its
+    own id and delivery tag, each made fresh per message; each rings the queue's bell once."""
     basic_app.big_task.apply_async()
     basic_app.big_task.delay_many([()] * 3, progress=False)
     assert redis_client.llen("cpu") == 0
     messages = _queued(redis_client, "highmem")
     assert len(messages) == 4 and redis_client.llen("sluice:bell:highmem") == 4
+    args = ('say "hi", naïve',)   # a quote and a non-ASCII letter: escaped in the header as kombu does
+    basic_app.double.apply_async(args)
+    basic_app.double.delay_many([args] * 3, progress=False)
+    messages += _queued(redis_client, "cpu")
+    ids = [m["headers"]["id"] for m in messages]
+    tags = [m["properties"]["delivery_tag"] for m in messages]
+    assert len(set(ids)) == len(set(tags)) == 8
 
     def comparable(message: dict) -> dict:
         headers, properties = message["headers"], message["properties"]
         assert headers["id"] == headers["root_id"] == properties["correlation_id"]
-        return {"headers": {k: v for k, v in headers.items() if k not in ("id", "root_id")}, "body": message["body"],
-                "content-type": message["content-type"], "reply_to": properties["reply_to"],
-                "routing_key": properties["delivery_info"]["routing_key"]}
+        return {**message, "headers": {k: v for k, v in headers.items() if k not in ("id", "root_id")},
+                "properties": {k: v for k, v in properties.items() if k not in ("correlation_id", "delivery_tag")}}
 
-    single, *bulk = [comparable(m) for m in reversed(messages)]
-    assert all(m == single for m in bulk), (single, bulk[0])
+    for queued in (messages[:4], messages[4:]):
+        single, *bulk = [comparable(m) for m in reversed(queued)]
+        assert all(m == single for m in bulk), (single, bulk[0])
+    assert single["headers"]["argsrepr"] == repr(args)
 
 
 def test_as_completed_raises_a_failed_call_or_yields_its_exception(basic_app: ModuleType, workers: Workers) -> None:

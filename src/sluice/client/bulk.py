@@ -2,11 +2,12 @@
 
 A ``.delay()`` loop pays, per call, a Redis round trip for the message, another for Flower's
 task-sent event, and Celery's and kombu's per-publish bookkeeping. Here the task is routed
-once, each chunk's messages reach Redis in one pipeline (kombu's publish batch, through the
-same ``_put`` as every publish, bell included) and its task-sent events in one buffered event
-message (Celery's ``task.multi``, which Flower reads). The messages are those ``apply_async``
-builds (Celery's ``create_task_message``), so everything on the worker side (admission, the
-retry policy, escalation, the ledger) is the same.
+once and its message encoded once (a template each call fills with its id and arguments),
+each chunk's messages reach Redis in one pipeline (kombu's publish batch, the queue's bell
+rung once) and its task-sent events in one buffered event message (Celery's ``task.multi``,
+which Flower reads). The messages are those ``apply_async`` builds (Celery's
+``create_task_message``), so everything on the worker side (admission, the retry policy,
+escalation, the ledger) is the same.
 
 Why not Celery's ``task.map``/``task.chunks``: those build one task that runs every call in a
 single worker; here every call is its own task, routed, retried and escalated on its own.
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from celery import signals, states
 from celery.result import AsyncResult, ResultSet
 from celery.utils.saferepr import saferepr
+from kombu.entity import maybe_delivery_mode
 from kombu.serialization import dumps
 from rich.progress import Progress
 from vine import barrier
@@ -30,6 +32,7 @@ from vine import barrier
 from sluice import terminal
 from sluice.errors import ConfigurationError, SubmitInterrupted
 from sluice.ids import new_id
+from sluice.publishing import MessageTemplate
 
 if TYPE_CHECKING:
     from celery import Task
@@ -110,12 +113,13 @@ def delay_many(task: Task, items: Iterable[Any], kwargs: dict[str, Any] | None =
     calls = (tuple(item) if isinstance(item, (tuple, list)) else (item,) for item in items)
     total = len(items) if hasattr(items, "__len__") else None
     app = task.app
-    if _needs_apply_async(task):
+    route = app.amqp.router.route({}, task.name, (), {}, task)
+    if _needs_apply_async(task, route["queue"]):
         with _progress(progress, "submitted", total) as advance:
             return BulkResult([_advanced(advance, task.apply_async(args, kwargs).id) for args in calls], app=app)
     published: list[str] = []
     with app.producer_or_acquire() as producer, _progress(progress, "submitted", total) as advance:
-        publisher = _ChunkPublisher(task, producer, kwargs or {})
+        publisher = _ChunkPublisher(task, producer, route, kwargs or {})
         try:
             while batch := list(islice(calls, chunk)):
                 published += publisher.publish(batch, published)
@@ -127,29 +131,38 @@ def delay_many(task: Task, items: Iterable[Any], kwargs: dict[str, Any] | None =
 
 class _ChunkPublisher:
     """Builds and pipelines one chunk's messages. The task is routed once, and Celery builds one
-    message (``create_task_message``, protocol 2) that every call copies with its own id and
-    arguments: the fields protocol 2 makes per call (``id``, ``root_id``, ``argsrepr``, the
-    ``correlation_id`` property, the body's args). A test holds it equal to ``apply_async``'s.
-    The chunk's task-sent events go out after its messages, in one buffered event message."""
+    message (``create_task_message``, protocol 2) that kombu encodes once as a template
+    (:class:`~sluice.publishing.MessageTemplate`) with slots for the fields protocol 2 makes per
+    call (``id``, ``root_id``, ``argsrepr``, the ``correlation_id`` property, the body's args).
+    A test holds a message from it equal to ``apply_async``'s. The chunk's task-sent events go
+    out after its messages, in one buffered event message."""
 
-    def __init__(self, task: Task, producer: Any, kwargs: dict[str, Any]) -> None:
+    def __init__(self, task: Task, producer: Any, route: dict[str, Any], kwargs: dict[str, Any]) -> None:
         self.task, self.app, self.channel = task, task.app, producer.channel
-        route = self.app.amqp.router.route({}, task.name, (), {}, task)
         self.queue = getattr(route["queue"], "name", route["queue"])
         self.serializer = task.serializer or self.app.conf.task_serializer
         self.events = self.app.events.Dispatcher(producer.connection, enabled=self.app.conf.task_send_sent_event)
         worker_task = self.app.current_worker_task
         request = worker_task.request if worker_task else None
         self.root_id = (request.root_id or request.id) if request else None
-        self.template = self.app.amqp.create_task_message(
+        built = self.app.amqp.create_task_message(
             "", task.name, (), kwargs, reply_to=self.app.thread_oid, root_id=self.root_id,
             parent_id=request.id if request else None, ignore_result=task.ignore_result,
             create_sent_event=self.events.enabled)
-        self.template.headers.update(route.get("headers") or {})
-        self.sent_event = self.template.sent_event and {
-            **self.template.sent_event, "queue": self.queue, "exchange": "", "routing_key": self.queue}
-        self.kwargs = kwargs
+        self.sent_event = built.sent_event and {
+            **built.sent_event, "queue": self.queue, "exchange": "", "routing_key": self.queue}
+        self.kwargs, self.embed = kwargs, built.body[2]
         self.repr_size, self.repr_levels = self.app.amqp.argsrepr_maxsize, self.app.conf.task_repr_maxlevels
+        self.encoder = MessageTemplate(self.channel, self.queue)
+        slot = self.encoder.slot
+        content_type, content_encoding, _ = dumps(((), kwargs, self.embed), serializer=self.serializer)
+        headers = {**built.headers, **(route.get("headers") or {}), "id": slot("id"),
+                   "root_id": self.root_id or slot("id"), "argsrepr": slot("argsrepr")}
+        # the delivery mode Celery's send_task_message picks and kombu's Producer writes
+        mode = getattr(getattr(route["queue"], "exchange", None), "delivery_mode", None)
+        properties = {**built.properties, "correlation_id": slot("id"),
+                      "delivery_mode": maybe_delivery_mode(mode or self.app.conf.task_default_delivery_mode)}
+        self.encoder.compile(self.channel.prepare_message("", 0, content_type, content_encoding, headers, properties))
 
     def publish(self, calls: list[tuple[Any, ...]], published: list[str]) -> list[str]:
         ids: list[str] = []
@@ -177,16 +190,12 @@ class _ChunkPublisher:
         return ids
 
     def _add(self, batch: Any, args: tuple[Any, ...], sent: list[dict[str, Any]]) -> str:
-        task_id, template = new_id(), self.template
+        task_id = new_id()
         argsrepr = args_repr(args, self.repr_size, self.repr_levels)
-        root_id = self.root_id or task_id
-        headers = {**template.headers, "id": task_id, "root_id": root_id, "argsrepr": argsrepr}
-        properties = {**template.properties, "correlation_id": task_id}
-        content_type, content_encoding, data = dumps((args, self.kwargs, template.body[2]), serializer=self.serializer)
-        message = self.channel.prepare_message(data, 0, content_type, content_encoding, headers, properties)
-        batch.publish(message, exchange="", routing_key=self.queue)
+        _, _, data = dumps((args, self.kwargs, self.embed), serializer=self.serializer)
+        batch.push(self.encoder.key, self.queue, self.encoder.encode(data, id=task_id, argsrepr=argsrepr))
         if self.sent_event:
-            sent.append({"uuid": task_id, "root_id": root_id, "args": argsrepr})
+            sent.append({"uuid": task_id, "root_id": self.root_id or task_id, "args": argsrepr})
         return task_id
 
 
@@ -210,12 +219,14 @@ def _plain_text(text: str) -> bool:
     return text.isascii() and text.isprintable() and "'" not in text and "\\" not in text
 
 
-def _needs_apply_async(task: Task) -> bool:
+def _needs_apply_async(task: Task, queue: Any) -> bool:
     """Where the pipelined path would not build what ``apply_async`` does: eager mode, publish
-    signal receivers (they see each message), compression."""
+    signal receivers (they see each message), compression, a queue that expires (kombu sends
+    more commands for it)."""
     conf = task.app.conf
     return bool(conf.task_always_eager or signals.before_task_publish.receivers
-                or signals.after_task_publish.receivers or getattr(task, "compression", None) or conf.task_compression)
+                or signals.after_task_publish.receivers or getattr(task, "compression", None) or conf.task_compression
+                or getattr(queue, "expires", None))
 
 
 def _advanced(advance: Any, task_id: str) -> str:
