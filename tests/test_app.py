@@ -113,3 +113,17 @@ def test_a_sentinel_broker_needs_its_master_name_and_sentinel_urls() -> None:
     for options in (app.conf.broker_transport_options, app.conf.result_backend_transport_options):
         assert options["master_name"] == "m" and options["sentinel_kwargs"]["password"] == "s"
     assert type(app.backend).__name__ == "ComputeSentinelBackend"
+
+
+def test_a_class_queue_publish_lands_without_a_declare_and_another_queue_is_declared(
+        basic_app: ModuleType, redis_client: redis.Redis) -> None:
+    """On a flushed database (no queue bindings at all) a routed ``.delay()`` lands in its class's
+    list with no declare (no binding written), and so does an explicit class queue; a queue the
+    caller names outside the classes is declared as kombu always does."""
+    basic_app.big_task.delay()
+    basic_app.big_task.apply_async(queue="gpu")
+    assert (LAYOUT.queue_depth(redis_client, "highmem"), LAYOUT.queue_depth(redis_client, "gpu")) == (1, 1)
+    assert redis_client.keys("_kombu.binding.*") == []
+    basic_app.big_task.apply_async(queue="custom")
+    assert LAYOUT.queue_depth(redis_client, "custom") == 1
+    assert redis_client.keys("_kombu.binding.*") == [b"_kombu.binding.custom"]

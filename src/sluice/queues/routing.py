@@ -31,6 +31,17 @@ class ComputeRouter:
 
     def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None,
                  **_: Any) -> dict[str, Any]:
+        route = self._route(name, options)
+        explicit = getattr(options.get("queue"), "name", options.get("queue"))
+        if explicit in (None, route["queue"]) and not options.get("exchange"):
+            # Celery publishes a class queue's message by the queue's name (the anonymous exchange),
+            # and on Redis that is an LPUSH to its list: kombu's declare before each publish (a
+            # binding for an exchange never used, a ninth of a .delay()) adds nothing. A queue
+            # outside the classes, or a caller's own exchange, keeps it.
+            route["declare"] = ()
+        return route
+
+    def _route(self, name: str, options: dict[str, Any]) -> dict[str, Any]:
         headers = options.get("headers")
         compute = Headers.read(headers).compute if headers else None
         if compute is not None:
