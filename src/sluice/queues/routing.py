@@ -31,8 +31,8 @@ class ComputeRouter:
 
     def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None,
                  **_: Any) -> dict[str, Any]:
-        route = self._route(name, options)
-        explicit = getattr(options.get("queue"), "name", options.get("queue"))
+        explicit = getattr(options.get("queue"), "name", options.get("queue"))  # Celery may expand it to a Queue
+        route = self._route(name, options, explicit)
         if explicit in (None, route["queue"]) and not options.get("exchange"):
             # Celery publishes a class queue's message by the queue's name (the anonymous exchange),
             # and on Redis that is an LPUSH to its list: kombu's declare before each publish (a
@@ -41,12 +41,11 @@ class ComputeRouter:
             route["declare"] = ()
         return route
 
-    def _route(self, name: str, options: dict[str, Any]) -> dict[str, Any]:
+    def _route(self, name: str, options: dict[str, Any], explicit: Any) -> dict[str, Any]:
         headers = options.get("headers")
         compute = Headers.read(headers).compute if headers else None
         if compute is not None:
             compute = self.app.resolve(name, compute.inherit(self.app.default_compute))
-        explicit = getattr(options.get("queue"), "name", options.get("queue"))  # Celery may expand it to a Queue
         if isinstance(explicit, str) and explicit in self.app.catalog:
             self._check_holds(name, compute or self._known_compute(name), explicit)
             return {"queue": explicit}
