@@ -19,6 +19,9 @@ from sluice.errors import ConfigurationError
 
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
 _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+#: The suffixes format_memory tries, binary before decimal, each table largest first (it runs for
+#: every result a worker stores, so the order is worked out once).
+_LARGEST_FIRST = [kv for table in (_BINARY, _DECIMAL) for kv in sorted(table.items(), key=lambda kv: -kv[1])]
 # ASCII digits only (\d would take "١" and "１"); an exponent of at most two digits.
 _QUANTITY = re.compile(r"^(?P<num>[+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|"
                        r"[eE][+-]?[0-9]{1,2})?$")
@@ -95,11 +98,11 @@ def format_cpu(millicores: int) -> str:
 
 def format_memory(size: int) -> str:
     """Bytes -> canonical memory string: the largest binary, else decimal, suffix that divides exactly."""
-    for table in (_BINARY, _DECIMAL):
-        for suffix, factor in sorted(table.items(), key=lambda kv: -kv[1]):
-            if size % factor == 0:
-                return f"{size // factor}{suffix}"
+    for suffix, factor in _LARGEST_FIRST:
+        if size % factor == 0:
+            return f"{size // factor}{suffix}"
     return str(size)
+
 
 
 _SIZE = re.compile(r"^(?P<num>[0-9]{1,20})\s*(?P<suffix>[KMGT]i?B?)?$")
