@@ -65,8 +65,8 @@ def celery_group_run(items: int, home: Path) -> float:
 
         from bench import apps
 
-        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "bench.apps:plain_app", "worker", "-Q",
-                                   "plain", "-c", "2", "--without-mingle", "--without-gossip", "--loglevel", "WARNING"],
+        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "bench.apps:plain_app", "worker",
+                                   "-c", "2", "--without-mingle", "--without-gossip", "--loglevel", "WARNING"],
                                   cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         try:
