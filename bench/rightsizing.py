@@ -1,5 +1,5 @@
-"""Right-sizing: one 8Gi worker, a mixed workload (tasks whose real peaks range about 170Mi to
-1.1Gi, declared at about twice that, as users do), run three ways: (a) fixed slots sized by the
+"""Right-sizing: one 8Gi worker, a mixed workload (tasks whose real peaks range 100Mi to 1000Mi,
+declared at about twice that, as users do), run three ways: (a) fixed slots sized by the
 largest declaration (2Gi, four of them), (b) one packed class with the declared sizes, (c) the
 packed class with ``memory="auto"`` (after a warm-up of ``auto_min_runs`` runs per task, which is
 timed apart). Prints one JSON line: per mode wall time, mean memory reserved per task against its

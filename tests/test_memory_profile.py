@@ -28,10 +28,15 @@ def test_a_bucket_holds_its_size_and_reads_at_most_9_percent_high(size: int) -> 
     assert top >= size and (size < MiB or top <= size * 2 ** (1 / 8) + 1)
 
 
-@pytest.mark.parametrize(("size", "tidied"), [(200 * MiB, 208 * MiB), (128 * MiB, 128 * MiB), (1, MiB),
-                                              (1300 * MiB, 1408 * MiB)])
-def test_tidy_rounds_up_to_an_eighth_of_the_power_of_two_below(size: int, tidied: int) -> None:
+@pytest.mark.parametrize(("size", "tidied"), [(201 * MiB, 208 * MiB), (200 * MiB, 200 * MiB), (128 * MiB, 128 * MiB),
+                                              (1, MiB), (1300 * MiB, 1344 * MiB), (1345 * MiB, 1408 * MiB)])
+def test_tidy_rounds_up_to_a_sixteenth_of_the_power_of_two_below(size: int, tidied: int) -> None:
     assert tidy(size) == tidied
+
+
+@given(st.integers(min_value=1, max_value=1 << 44))
+def test_tidy_never_rounds_down_and_adds_at_most_a_sixteenth_from_16mi(size: int) -> None:
+    assert tidy(size) >= size and (size < 16 * MiB or tidy(size) <= size * 17 / 16)
 
 
 def test_learned_memory_waits_for_enough_runs_then_takes_p95_with_headroom_and_a_floor() -> None:
