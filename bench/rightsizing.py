@@ -1,9 +1,10 @@
 """Right-sizing: one 8Gi worker, a mixed workload (tasks whose real peaks range 100Mi to 1000Mi,
-declared at about twice that, as users do), run three ways: (a) fixed slots sized by the
-largest declaration (2Gi, four of them), (b) one packed class with the declared sizes, (c) the
-packed class with ``memory="auto"`` (after a warm-up of ``auto_min_runs`` runs per task, which is
-timed apart). Prints one JSON line: per mode wall time, mean memory reserved per task against its
-real peak, mean use of the worker's memory, memory kills and worker deaths.
+declared at about twice that, as users do; each runs ``--seconds`` in all, touching its memory
+included), run three ways: (a) fixed slots sized by the largest declaration (2Gi, four of them),
+(b) one packed class with the declared sizes, (c) the packed class with ``memory="auto"`` (after
+a warm-up of ``auto_min_runs`` runs per task, which is timed apart). Prints one JSON line: per
+mode wall time, mean memory reserved per task against its real peak, mean use of the worker's
+memory, memory kills and worker deaths.
 
 Usage: python bench/rightsizing.py [--tasks 200] [--seconds 3]
 Goals: (c) at least 3x faster than (a), reserving within 1.5x of real peaks, no worker death.
@@ -84,7 +85,7 @@ def run_mode(mode: str, tasks: int, seconds: float, env: dict[str, str]) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=200)
-    parser.add_argument("--seconds", type=float, default=3.0, help="how long each task holds its memory")
+    parser.add_argument("--seconds", type=float, default=3.0, help="how long each task runs, touching its memory included")
     args = parser.parse_args()
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     modes = {mode: run_mode(mode, args.tasks, args.seconds, env) for mode in ("fixed", "packed", "learned")}
