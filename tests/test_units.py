@@ -36,6 +36,30 @@ def test_cpu_invalid_names_value_and_forms(bad: object) -> None:
     assert "millicores" in str(err.value)
 
 
+@pytest.mark.parametrize(("parse", "text"), [
+    (parse_cpu, "1.0000000000000000000000000001"), (parse_cpu, "0.5000000000000000000000000000000000000001"),
+    (parse_memory, "1.00000000000000000000000000001Ki"), (parse_memory, "1.0000000000000000000000000000000001E"),
+])
+def test_finer_than_unit_is_refused_at_any_precision(parse: object, text: str) -> None:
+    """A value a hair above a whole millicore or byte, past Decimal's default 28 digits, is refused
+    (rounded in a 28-digit context it would pass as exactly 1000m or 1024 bytes)."""
+    with pytest.raises(ConfigurationError, match="finer than 1m|not a whole number of bytes"):
+        parse(text)  # type: ignore[operator]
+
+
+@given(st.integers(1, 10**6), st.integers(20, 55))
+def test_cpu_one_digit_past_a_millicore_is_refused_whatever_its_place(millicores: int, place: int) -> None:
+    """A cpu quantity within 64 characters that has one nonzero digit beyond the millicores, however
+    far out, is refused; the same text without that digit parses exactly."""
+    whole = f"{millicores // 1000}.{millicores % 1000:03d}"
+    text = whole + "0" * (place - 3) + "1"
+    if len(text) > 64:
+        text = text[:63] + "1"
+    assert parse_cpu(whole) == millicores
+    with pytest.raises(ConfigurationError, match="finer than 1m"):
+        parse_cpu(text)
+
+
 @pytest.mark.parametrize(("text", "size"), [
     ("32Gi", 32 * Gi), ("512Mi", 512 * Mi), ("1G", 10**9), ("128974848", 128974848), ("129e6", 129 * 10**6),
     ("123Mi", 123 * Mi), ("1Ti", Ti), ("64Ki", 64 * Ki), ("1k", 1000), ("2M", 2 * 10**6), ("1.5Gi", 3 * Gi // 2),

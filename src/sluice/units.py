@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 from sluice.errors import ConfigurationError
 
@@ -42,8 +42,11 @@ SIZE_FORMS = (
 )
 
 
-def _quantity(value: object, what: str, forms: str) -> Decimal:
-    """Parse a Kubernetes quantity to an exact Decimal in base units (cores or bytes)."""
+def _quantity(value: object, what: str, forms: str) -> Fraction:
+    """Parse a Kubernetes quantity to an exact number in base units (cores or bytes).
+
+    A Fraction, not a Decimal: Decimal arithmetic rounds to its context's 28 digits, which would
+    let ``"1.0000000000000000000000000001"`` pass as 1 core; a Fraction is exact at any length."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigurationError(f"{what} {value!r} is not a quantity; use {forms}")
     if isinstance(value, float) and not math.isfinite(value):
@@ -52,10 +55,7 @@ def _quantity(value: object, what: str, forms: str) -> Decimal:
     match = _QUANTITY.match(text) if len(text) <= MAX_TEXT else None
     if not match:
         raise ConfigurationError(f"{what} {value!r} is not a quantity; use {forms}")
-    try:
-        number = Decimal(match["num"])
-    except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
-        raise ConfigurationError(f"{what} {value!r} is not a quantity; use {forms}") from None
+    number = Fraction(match["num"])
     suffix = match["suffix"] or ""
     if suffix in _BINARY:
         number *= _BINARY[suffix]
@@ -64,7 +64,7 @@ def _quantity(value: object, what: str, forms: str) -> Decimal:
     elif suffix == "m":
         number /= 1000
     elif suffix:
-        number *= Decimal(10) ** int(suffix[1:])
+        number *= Fraction(10) ** int(suffix[1:])
     if number > MAX_VALUE:
         raise ConfigurationError(f"{what} {value!r} is too large (at most {MAX_VALUE}); use {forms}")
     return number
@@ -74,7 +74,7 @@ def parse_cpu(value: object) -> int:
     """Kubernetes cpu quantity -> millicores. ``"500m"`` -> 500, ``"1.5"`` -> 1500."""
     cores = _quantity(value, "cpu", CPU_FORMS)
     millis = cores * 1000
-    if millis != millis.to_integral_value():
+    if millis.denominator != 1:
         raise ConfigurationError(f"cpu {value!r} is finer than 1m; use {CPU_FORMS}")
     if millis <= 0:
         raise ConfigurationError(f"cpu {value!r} must be greater than zero; use {CPU_FORMS}")
@@ -84,7 +84,7 @@ def parse_cpu(value: object) -> int:
 def parse_memory(value: object) -> int:
     """Kubernetes memory quantity -> bytes. ``"32Gi"`` -> 34359738368, ``"1G"`` -> 10**9."""
     size = _quantity(value, "memory", MEMORY_FORMS)
-    if size != size.to_integral_value():
+    if size.denominator != 1:
         raise ConfigurationError(f"memory {value!r} is not a whole number of bytes; use {MEMORY_FORMS}")
     if size <= 0:
         raise ConfigurationError(f"memory {value!r} must be greater than zero; use {MEMORY_FORMS}")
