@@ -144,6 +144,15 @@ class App(Celery):
 
     #: Set by the worker bootstep: this worker process's unique instance id (None outside workers).
     worker_instance: str | None = None
+    #: Set by the worker bootstep: the worker's node name (``-n``), inherited by its pool processes.
+    worker_node: str | None = None
+
+    def node_name(self, request: Any) -> str:
+        """The name of the worker running ``request``: the one its heartbeat, direct queue and
+        ledger claims go by. Not ``request.hostname``: in the pool processes of a worker Celery's
+        testing helpers start (``start_worker``, the ``celery_worker`` fixture) that is the machine's
+        hostname, since only ``celery worker`` hands the node name to the pool."""
+        return self.worker_node or request.hostname or "?"
 
     def task(self, *args: Any, **opts: Any) -> Any:
         """Celery's ``@app.task``, plus ``compute=`` and ``retry=``, checked here at decoration time:

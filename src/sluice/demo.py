@@ -16,7 +16,7 @@ app = App("sluice.demo")
 
 
 def _where(task: Any) -> dict[str, str]:
-    return {"queue": task.request.delivery_info.get("routing_key", "?"), "worker": task.request.hostname}
+    return {"queue": task.request.delivery_info.get("routing_key", "?"), "worker": task.app.node_name(task.request)}
 
 
 @app.task(bind=True, compute=Compute(cpu="500m", memory="256Mi"))

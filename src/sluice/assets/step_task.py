@@ -35,4 +35,4 @@ def run_step(task: Any, ref: str, run_id: str, inputs: dict[str, list[str]], sto
     values = {param: store.get(run, asset) for param, (run, asset) in inputs.items()}
     for asset, value in _call(step, run_id, values, attempt.number, attempt.compute).items():
         store.put(run_id, asset, value)
-    return {"queue": attempt.queue, "worker": request.hostname, "attempt": attempt.number}
+    return {"queue": attempt.queue, "worker": task.app.node_name(request), "attempt": attempt.number}

@@ -80,7 +80,7 @@ class ComputeTask(Task):
         instance = self.app.worker_instance
         if instance is None:
             return None
-        return ledger.ClaimWrite.of(request.id, attempt_of(request), request.hostname or "?", instance, self.claim_ttl)
+        return ledger.ClaimWrite.of(request.id, attempt_of(request), self.app.node_name(request), instance, self.claim_ttl)
 
     @property
     def claim_ttl(self) -> int:
@@ -123,7 +123,7 @@ class ComputeTask(Task):
         attempt = Attempt.of(self, request, request.delivery_info)
         if attempt.policy is None:
             raise error
-        outcome: TaskFailed | None = end_attempt(self, request, attempt, reason, detail, request.hostname or "?")
+        outcome: TaskFailed | None = end_attempt(self, request, attempt, reason, detail, self.app.node_name(request))
         if isinstance(outcome, AttemptFailed):
             raise Retry(str(outcome), exc=outcome) from error
         raise (outcome or error) from (error if outcome else None)

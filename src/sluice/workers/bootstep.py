@@ -64,6 +64,7 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
         self._limits: dict[str, Watched] = {}
         self._heartbeat_fields: list[Callable[[], Mapping[str, Any]]] = []
         self.app.worker_instance = self.instance = uuid.uuid4().hex
+        self.app.worker_node = worker.hostname
         self.threads: list[MemoryWatchdog | Heartbeat | OrphanReaper] = []
         worker.sluice = self
 

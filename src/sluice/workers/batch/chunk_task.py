@@ -35,7 +35,7 @@ def run_chunk(task: Any, run_id: str, items: list[dict[str, Any]]) -> int:
     """Bound Celery task body (every sluice App registers it under ``RUN_CHUNK_TASK``)."""
     client = task.app.redis
     loaded = task_file(client, run_id)
-    worker = task.request.hostname or "?"
+    worker = task.app.node_name(task.request)
     attempt = attempt_of(task.request)
     cached = client.hmget(keys.run(run_id, "results"), [item["id"] for item in items])
     pending: list[tuple[str, str]] = []

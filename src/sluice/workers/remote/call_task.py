@@ -73,7 +73,7 @@ def check_call(app: Any, request: Any, call: object) -> dict[str, Any]:
             f"worker runs Python {python_version()}; cloudpickle needs the same major.minor on both sides "
             f"(use a worker image with Python {fields.get('python')}, or call from Python {python_version()})")
     queue = (request.delivery_info or {}).get("routing_key") or ""
-    if not accepts_remote(app, queue, request.hostname):
+    if not accepts_remote(app, queue, app.node_name(request)):
         raise InvalidRequestError(f"refusing remote call {fields.get('function')} on queue {queue!r}: it does not take "
                                   f"remote calls (remote_classes: {remote_settings(app).remote_classes or 'all classes'})")
     wanted = fields.get("gpu_memory")
@@ -149,7 +149,7 @@ def run_remote(task: Any, call: dict[str, Any]) -> dict[str, Any]:
                     reply = box.call(decode(fields["payload"]))
                 return seal(app.settings.signing_secret(), {
                     "payload": encode(reply), "output": output.lines, "limits": box.limits,
-                    "attempt": attempt, "worker": request.hostname})
+                    "attempt": attempt, "worker": app.node_name(request)})
             except SandboxDied as died:
                 if attempt >= 2:
                     raise MemoryExhausted(
@@ -181,7 +181,7 @@ def run_session(task: Any, call: dict[str, Any]) -> dict[str, Any]:
             message = unseal(secret, json.loads(item[1]), f"a call of session {session}")
             if message.get("close"):
                 return {"session": session, "calls": served, "ended": "closed by the client"}
-            reply: dict[str, Any] = {"n": message["n"], "worker": request.hostname}
+            reply: dict[str, Any] = {"n": message["n"], "worker": app.node_name(request)}
             try:
                 reply["payload"] = encode(box.call(decode(message["payload"])))
             except SandboxDied as died:
