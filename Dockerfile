@@ -6,7 +6,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 HOME=/tmp SL
 WORKDIR /opt/sluice
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip install . && rm -rf /root/.cache
+# The kubernetes extra: the autoscaler Deployment (`sluice autoscale`) runs in this image too.
+RUN pip install ".[kubernetes]" && rm -rf /root/.cache
 
 # Non-root, matching the pods' runAsUser; the root filesystem can be read-only (writes go to /tmp).
 RUN useradd --uid 10001 --user-group --home-dir /tmp --no-create-home sluice
