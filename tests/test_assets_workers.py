@@ -87,7 +87,7 @@ def test_a_planted_pickle_is_never_unpickled_on_a_worker(redis_server: EmbeddedR
     import cloudpickle
 
     from sluice import App, keys
-    from sluice.assets.step_task import RUN_STEP_TASK
+    from sluice.assets.step_task import RUN_STEP_TASK, step_signature
     from sluice.errors import InvalidRequestError
     from sluice.signing import sign
 
@@ -101,8 +101,8 @@ def test_a_planted_pickle_is_never_unpickled_on_a_worker(redis_server: EmbeddedR
                "signed": (sign(secret, cloudpickle.dumps(_Plant(str(tmp_path / "signed-ran")))), "highmem")}
     for name, (blob, queue) in planted.items():
         client.set(keys.asset_value("evil", name), blob)
-        result = app.send_task(RUN_STEP_TASK, args=[ref, "evil", {"orders": ["evil", name]}, str(tmp_path)],
-                               queue=queue)
+        args = [ref, "evil", {"orders": ["evil", name]}, str(tmp_path)]   # a signed step: only its input is planted
+        result = app.send_task(RUN_STEP_TASK, args=args, kwargs={"sig": step_signature(secret, *args)}, queue=queue)
         with pytest.raises(InvalidRequestError, match="nothing was unpickled|no signing secret"):
             result.get(timeout=60)
     assert not (tmp_path / "unsigned-ran").exists() and not (tmp_path / "signed-ran").exists()

@@ -77,9 +77,10 @@ class Settings:
     orphan_grace: float = 60.0
     home: Path = field(default_factory=lambda: Path.home() / ".sluice")
     catalog: Catalog = field(default_factory=lambda: Catalog.merged({}))
-    #: The secret shared by clients and workers that signs every pickle sent through Redis
-    #: (remote calls and replies, asset values; HMAC-SHA256). Without it nothing is unpickled.
-    #: The name is historical: remote calls were the first pickles to be signed.
+    #: The secret shared by clients and workers that signs everything a worker runs or unpickles
+    #: from Redis (remote calls and replies, asset steps and values, batch runs' task files;
+    #: HMAC-SHA256). Without it none of that is sent, run or unpickled. The name is historical:
+    #: remote calls were the first to be signed.
     remote_secret: str | None = None
     #: The queue every sluice worker also drains, forwarding each task to the class that fits it:
     #: Celery's own default queue, so a plain Celery client with its defaults reaches sluice.

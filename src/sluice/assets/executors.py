@@ -154,12 +154,12 @@ class KubernetesExecutor(Executor):
                 step.retry.check(self.compute_of(step), self.app.catalog, f"asset {step.name}")
 
     def run_step(self, step: Step, run_id: str, inputs: Inputs) -> StepOutcome:
-        from sluice.assets.step_task import RUN_STEP_TASK
+        from sluice.assets.step_task import RUN_STEP_TASK, step_signature
 
         headers = Headers(compute=self.compute_of(step), policy=step.retry).encode()
+        args = (step.ref, run_id, {p: list(ref) for p, ref in inputs.items()}, str(self.store_path))
         result = self.app.tasks[RUN_STEP_TASK].apply_async(
-            args=(step.ref, run_id, {p: list(ref) for p, ref in inputs.items()}, str(self.store_path)),
-            headers=headers)
+            args=args, kwargs={"sig": step_signature(self.store.secret, *args)}, headers=headers)
         try:
             out = result.get(timeout=self.timeout, propagate=False)
         except Exception as exc:  # timed out, or the backend is gone

@@ -1,4 +1,9 @@
-"""The task every sluice worker has for asset steps: import the step, load inputs, run, store outputs."""
+"""The task every sluice worker has for asset steps: import the step, load inputs, run, store outputs.
+
+Its arguments name a module to import and a path to write under, so they are signed like the
+values (:func:`step_signature`): a worker imports nothing for a message a holder of the secret
+did not send.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from sluice.assets.definition import Step
 from sluice.assets.executors import _call
 from sluice.assets.store import RedisStore
 from sluice.errors import DefinitionError
+from sluice.signing import SIGNATURE, seal, unseal
 from sluice.tasks.escalation import Attempt
 
 RUN_STEP_TASK = "sluice.assets.run_step"
@@ -26,12 +32,25 @@ def load_step(ref: str) -> Step:
     return target
 
 
-def run_step(task: Any, ref: str, run_id: str, inputs: dict[str, list[str]], store_path: str) -> dict[str, Any]:
-    """Bound Celery task body (registered by every sluice App under ``RUN_STEP_TASK``)."""
+def _step_fields(ref: str, run_id: str, inputs: dict[str, list[str]], store_path: str) -> dict[str, Any]:
+    return {"ref": ref, "run_id": run_id, "inputs": inputs, "store_path": store_path}
+
+
+def step_signature(secret: str | None, ref: str, run_id: str, inputs: dict[str, list[str]], store_path: str) -> str:
+    """The ``sig`` keyword a ``RUN_STEP_TASK`` message carries: the HMAC of its arguments."""
+    return str(seal(secret, _step_fields(ref, run_id, inputs, store_path))[SIGNATURE])
+
+
+def run_step(task: Any, ref: str, run_id: str, inputs: dict[str, list[str]], store_path: str,
+             sig: str | None = None) -> dict[str, Any]:
+    """Bound Celery task body (registered by every sluice App under ``RUN_STEP_TASK``); refuses,
+    before importing anything, arguments whose ``sig`` does not hold."""
+    secret = task.app.settings.signing_secret()
+    unseal(secret, {**_step_fields(ref, run_id, inputs, store_path), SIGNATURE: sig}, f"asset step {ref!r}")
     step = load_step(ref)
     request = task.request
     attempt = Attempt.of(task, request, request.delivery_info)
-    store = RedisStore(task.app.redis, Path(store_path), task.app.settings.signing_secret())
+    store = RedisStore(task.app.redis, Path(store_path), secret)
     values = {param: store.get(run, asset) for param, (run, asset) in inputs.items()}
     for asset, value in _call(step, run_id, values, attempt.number, attempt.compute).items():
         store.put(run_id, asset, value)

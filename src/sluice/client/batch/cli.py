@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import signal
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import click
 import redis
 from kombu.exceptions import OperationalError
+from rich.markup import escape
 
 from sluice import redis_client, terminal
 from sluice.app import App
@@ -31,6 +34,8 @@ from sluice.client.batch.torchrun import Ranks
 from sluice.client.batch.trajectory import require_lance, write_trajectory
 from sluice.config import Settings
 from sluice.deploy.embedded import EmbeddedRedis
+from sluice.errors import ConfigurationError, InvalidRequestError
+from sluice.signing import NO_SECRET
 
 console = terminal.console(stderr=True)
 
@@ -108,6 +113,7 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
     url = broker or settings.broker_url
     if url is None and workers is None:
         workers = 1
+    secret = run_secret(settings, workers is not None, meet_through_redis=ranks is not None and url is not None)
     if run_id is None:
         run_id = hashlib.sha1(str(sink.resolve()).encode()).hexdigest()[:16] if sink else uuid.uuid4().hex[:16]
     sink_dir = sink or runs.run_dir(settings.home, run_id)
@@ -130,11 +136,12 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
         runs.hold(client, run_id)
         if ranks:
             torchrun.reset(client, run_id)
-            torchrun.share_run(ranks, {"broker": url, "run_id": run_id, "queue": runs.private_queue(run_id)},
+            own = {} if secret == settings.signing_secret() else {"secret": secret}   # never the cluster's
+            torchrun.share_run(ranks, {"broker": url, "run_id": run_id, "queue": runs.private_queue(run_id), **own},
                                broker or settings.broker_url)
         options = RunOptions(workers, per_worker, python, retries, results_mode, resume, rerun_failed, observe,
                              quarantine_after)
-        code = _run(tf, url, run_id, sink_dir, options, settings, ranks)
+        code = _run(tf, url, run_id, sink_dir, options, settings, secret, ranks)
         if ranks:
             torchrun.release(client, ranks, run_id, code)
         if code != EXIT_BROKER_LOST:
@@ -163,14 +170,34 @@ def _check(tf: TaskFile, count: int) -> int:
     return 1 if failed else 0
 
 
+def run_secret(settings: Settings, local_workers: bool, meet_through_redis: bool = False) -> str:
+    """The secret that signs the run's task file (a worker runs no task file without it): the
+    configured one, else, for a run only its own local workers serve, a fresh one that the driver
+    hands them (and other torchrun ranks, through torch's store) in their environment, never
+    through Redis. A run on the cluster's workers needs theirs."""
+    configured = settings.signing_secret()
+    if configured:
+        return configured
+    if not local_workers:
+        raise ConfigurationError("sluice compute without -w runs on the cluster's workers, which run a task file "
+                                 f"only when it is signed with their secret; this process has {NO_SECRET}")
+    if meet_through_redis:
+        raise ConfigurationError("under torchrun with a broker the ranks meet through Redis, which must never hold "
+                                 "the secret that signs the task file: set SLUICE_REMOTE_SECRET to the same value "
+                                 "on every rank")
+    return secrets.token_hex(32)
+
+
 def _serve_rank(ranks: Ranks, broker: str | None, workers: int, per_worker: int, python: str,
                 settings: Settings) -> int:
     """A torchrun rank other than 0: run local workers for rank 0's run until it ends."""
+    own = run_secret(settings, local_workers=True, meet_through_redis=broker is not None)
     run = torchrun.share_run(ranks, None, broker)
     client = redis_client.connect(run["broker"])
     local = LocalWorkers(workers, per_worker, run["queue"], run["run_id"], python,
                          runs.run_dir(settings.home, run["run_id"]) / f"rank-{ranks.rank}-logs",
-                         {"SLUICE_BROKER_URL": run["broker"]}, prefix=f"r{ranks.rank}.").start()
+                         {"SLUICE_BROKER_URL": run["broker"], "SLUICE_REMOTE_SECRET": run.get("secret") or own},
+                         prefix=f"r{ranks.rank}.").start()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -188,9 +215,10 @@ def _serve_rank(ranks: Ranks, broker: str | None, workers: int, per_worker: int,
     return EXIT_INTERRUPTED if code is None else code
 
 
-def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOptions, settings: Settings,
+def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOptions, settings: Settings, secret: str,
          ranks: Ranks | None = None) -> int:
-    """One run of ``tf`` on the broker at ``url``, into ``sink_dir``; returns the exit code."""
+    """One run of ``tf`` on the broker at ``url``, into ``sink_dir``, its task file signed with
+    ``secret``; returns the exit code."""
     workers, per_worker = options.workers, options.per_worker
     app = App("sluice.compute", broker=url)
     app.conf.task_send_sent_event = False  # one event per chunk would double the driver's publishing
@@ -200,10 +228,11 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOption
     if store.repaired:
         console.print(f"repaired a torn last line in {', '.join(store.repaired)}")
     done = store.done_ids(options.rerun_failed) if options.resume else set()
-    local = (LocalWorkers(workers, per_worker, queue, run_id, options.python, sink_dir / "logs", {"SLUICE_BROKER_URL": url},
+    local = (LocalWorkers(workers, per_worker, queue, run_id, options.python, sink_dir / "logs",
+                          {"SLUICE_BROKER_URL": url, "SLUICE_REMOTE_SECRET": secret},
                           prefix="r0." if ranks else "").start() if workers else None)
     slots = workers * per_worker * (ranks.world_size if ranks else 1) if workers else 8
-    printer = _print_record if options.results_mode == "ndjson" else _ignore
+    printer = _Refusals(_print_record if options.results_mode == "ndjson" else _ignore)
     with Observer(console) if options.observe else _NoObserver() as observer:
 
         def on_progress(progress: Any) -> None:
@@ -214,7 +243,8 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOption
 
         run_settings = RunSettings(run_id, queue, retries=options.retries, quarantine_after=options.quarantine_after,
                                    rerun_failed=options.rerun_failed)
-        driver = Driver(app, tf, store, run_settings, slots, on_record=printer, on_progress=on_progress)
+        driver = Driver(app, tf, store, run_settings, slots, on_record=printer, on_progress=on_progress,
+                        secret=secret)
         if not options.resume:
             driver.reset()
         _handle_interrupts(driver)
@@ -258,6 +288,22 @@ def _print_record(record: Record) -> None:
 
 def _ignore(_record: Record) -> None:
     return None
+
+
+class _Refusals:
+    """Passes each record on, and says once per reason why workers refused the run's chunks (an
+    unsigned task file, a worker without the secret): otherwise the run would only count failures."""
+
+    def __init__(self, then: Callable[[Record], None]) -> None:
+        self.then = then
+        self.seen: set[str] = set()
+
+    def __call__(self, record: Record) -> None:
+        self.then(record)
+        if (isinstance(record, Failure) and record.error == InvalidRequestError.__name__
+                and record.message not in self.seen):
+            self.seen.add(record.message)
+            console.print(f"[red]a worker refused item {escape(record.id)}'s chunk: {escape(record.message)}[/red]")
 
 
 class _NoObserver:

@@ -12,7 +12,6 @@ are :mod:`recovery`'s, failing workers :mod:`quarantine`'s, the end of a run and
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -52,8 +51,10 @@ class Driver:
 
     def __init__(self, app: App, task_file: TaskFile, sink: Sink, settings: RunSettings, slots: int,
                  on_record: Callable[[Record], None] = lambda record: None,
-                 on_progress: Callable[[Progress], None] = lambda progress: None) -> None:
+                 on_progress: Callable[[Progress], None] = lambda progress: None, secret: str | None = None) -> None:
+        """``secret`` signs the task file workers load (default: the app's, as remote calls use)."""
         self.app, self.task_file, self.sink, self.settings = app, task_file, sink, settings
+        self.secret = secret or app.settings.signing_secret()
         self.slots = max(slots, 1)
         self.on_record = on_record
         self.on_progress = on_progress
@@ -81,11 +82,12 @@ class Driver:
     # --- set-up -----------------------------------------------------------------------------
 
     def publish_source(self) -> None:
-        """Cluster workers load the task file from here: they need no copy of it."""
-        tf = self.task_file
-        self.client.hset(self.key("source"), mapping={"filename": tf.filename, "source": tf.source,
-                                                      "argv": json.dumps(tf.argv)})
-        self.client.delete(self.key("cancel"))
+        """Workers load the task file from here, signed (they need no copy of it, and run no
+        task file a holder of the secret did not store)."""
+        pipe = self.client.pipeline()
+        pipe.delete(self.key("source"), self.key("cancel"))
+        pipe.hset(self.key("source"), mapping=self.task_file.sealed(self.settings.run_id, self.secret))
+        pipe.execute()
 
     def reset(self) -> None:
         """A fresh run under a name used before: forget that run's dispatches and results."""

@@ -4,22 +4,29 @@
 gets exactly what plan() yielded and returns a JSON-serializable dict. Arguments after ``--``
 reach the file's own argparse as ``python task.py ...`` would (``sys.argv`` is set for it). An
 optional module-level ``COMPUTE = sluice.Compute(...)`` sizes every item of the run.
+
+Workers load a run's task file from Redis, so what the driver stores there is signed with the
+cluster's secret and bound to the run's id (:meth:`TaskFile.sealed`), and a worker runs none of
+it before the signature holds (:meth:`TaskFile.unsealed`): write access to Redis is not enough
+to run code on a worker.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import types
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sluice.compute import Compute
-from sluice.errors import ConfigurationError
+from sluice.errors import ConfigurationError, InvalidRequestError
+from sluice.signing import seal, unseal
 
 
 @contextmanager
@@ -63,6 +70,26 @@ class TaskFile:
         if compute is not None and not isinstance(compute, Compute):
             raise ConfigurationError(f"{filename}: COMPUTE={compute!r} must be a sluice.Compute")
         return cls(filename, source, argv, module)
+
+    def sealed(self, run_id: str, secret: str | None) -> dict[str, str]:
+        """The fields the driver stores for the run's workers, signed with ``secret`` and naming the
+        run, so a signed task file cannot be planted under another run's id."""
+        return seal(secret, {"run": run_id, "filename": self.filename, "source": self.source,
+                             "argv": json.dumps(self.argv)})
+
+    @classmethod
+    def unsealed(cls, run_id: str, stored: Mapping[bytes, bytes], secret: str | None) -> TaskFile:
+        """The task file a worker loads from the fields stored for ``run_id``, once their signature
+        holds; :class:`InvalidRequestError` naming what is wrong otherwise (nothing of it ran)."""
+        what = f"the task file of batch run {run_id!r}"
+        if not stored:
+            raise InvalidRequestError(f"refusing {what}: Redis holds none (the run's keys expired or were deleted)")
+        fields = unseal(secret, {k.decode(errors="replace"): v.decode(errors="replace") for k, v in stored.items()},
+                        what)
+        if fields.get("run") != run_id:
+            raise InvalidRequestError(f"refusing {what}: it is signed for batch run {fields.get('run')!r}, not this "
+                                      "one (copied from another run; nothing of it was run)")
+        return cls.from_source(fields["filename"], fields["source"], json.loads(fields["argv"]))
 
     @property
     def compute(self) -> Compute | None:

@@ -2,12 +2,14 @@
 
 Records reach Redis before the chunk's message is acknowledged (flushed at least every 50 ms,
 so a slow item's result is durable as soon as it ends). A retried or redelivered chunk skips
-items whose records are already cached: nothing computed is computed again.
+items whose records are already cached: nothing computed is computed again. The task file runs
+only once its signature holds (:meth:`TaskFile.unsealed`); a chunk of a run whose task file is
+unsigned, or signed with another secret, fails with InvalidRequestError, and its items get
+failure records that say why.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -21,20 +23,20 @@ FLUSH_SECONDS = 0.05
 _task_files: dict[str, TaskFile] = {}
 
 
-def task_file(client: Any, run_id: str) -> TaskFile:
-    """The run's task file, built from the source the driver stored in Redis (cached per process)."""
+def task_file(app: Any, run_id: str) -> TaskFile:
+    """The run's task file, built from the signed source the driver stored in Redis (cached per
+    process once its signature held)."""
     loaded = _task_files.get(run_id)
     if loaded is None:
-        stored = client.hgetall(keys.run(run_id, "source"))
-        loaded = _task_files[run_id] = TaskFile.from_source(
-            stored[b"filename"].decode(), stored[b"source"].decode(), json.loads(stored[b"argv"]))
+        stored = app.redis.hgetall(keys.run(run_id, "source"))
+        loaded = _task_files[run_id] = TaskFile.unsealed(run_id, stored, app.settings.signing_secret())
     return loaded
 
 
 def run_chunk(task: Any, run_id: str, items: list[dict[str, Any]]) -> int:
     """Bound Celery task body (every sluice App registers it under ``RUN_CHUNK_TASK``)."""
     client = task.app.redis
-    loaded = task_file(client, run_id)
+    loaded = task_file(task.app, run_id)
     worker = task.app.node_name(task.request)
     attempt = attempt_of(task.request)
     cached = client.hmget(keys.run(run_id, "results"), [item["id"] for item in items])
