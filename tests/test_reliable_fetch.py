@@ -164,7 +164,7 @@ def test_malformed_messages_become_dead_letters_and_the_worker_keeps_serving(
     assert basic_app.default_task.delay().get(timeout=30)["worker"] == "sturdy@test"
     assert worker.poll() is None
     wait_for(lambda: LAYOUT.held(redis_client) == [], 10, "nothing left wedged as unacknowledged")
-    letters = dead_letters.read(redis_client, LAYOUT, "cpu", 0, 100)
+    letters = [letter for _, letter in dead_letters.read(redis_client, LAYOUT, "cpu", 0, 100)]
     assert sorted(letter.raw for letter in letters) == sorted(MALFORMED.values())  # each kept intact
     reasons = {letter.raw: letter.reason for letter in letters}
     assert reasons[MALFORMED["not JSON"]] == "not JSON"

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import redis
+from kombu.exceptions import DecodeError
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 
-from sluice import keys
+from sluice import entries, keys
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,28 @@ class Held:
     @property
     def task_id(self) -> str | None:
         return (self.message.get("headers") or {}).get("id")
+
+    @classmethod
+    def decode(cls, tag: bytes, entry: bytes) -> Held:
+        """One field of the unacked hash: ``[message, exchange, routing key]`` as JSON, the routing
+        key being the queue the message came from."""
+        message, _exchange, queue = entries.loads(entry)
+        if not isinstance(queue, str):
+            raise TypeError(f"the queue of a held message is {type(queue).__name__}, not a string")
+        return cls(tag.decode(), envelope(message), queue)
+
+
+def envelope(message: Any) -> dict[str, Any]:
+    """``message`` if it has the shape sluice reads of a kombu message (an object, whose
+    ``headers`` are an object if there are any); else TypeError."""
+    if not isinstance(message, dict) or not isinstance(message.get("headers") or {}, dict):
+        raise TypeError("not a kombu message: an object with an object of headers")
+    return message
+
+
+def message_of(raw: bytes) -> dict[str, Any]:
+    """A message as it waits on a queue (JSON bytes), decoded."""
+    return envelope(entries.loads(raw))
 
 
 @dataclass(frozen=True)
@@ -87,27 +111,32 @@ class RedisLayout:
             pipe.llen(name)
         return sum(pipe.execute())
 
-    def waiting(self, client: redis.Redis, queue: str) -> list[dict[str, Any]]:
-        """Every message waiting in a queue (every priority list of it)."""
-        return [json.loads(raw) for name in self.queue_lists(queue) for raw in client.lrange(name, 0, -1)]
+    def waiting(self, client: redis.Redis, queue: str, sample: int | None = None) -> list[dict[str, Any]]:
+        """Every message waiting in a queue (every priority list of it; with ``sample``, the first
+        that many of each list); one that does not decode is skipped."""
+        end = -1 if sample is None else sample - 1
+        raws = [raw for name in self.queue_lists(queue) for raw in client.lrange(name, 0, end)]
+        return entries.decode_each("waiting message", raws, message_of)
 
     def waiting_task_ids(self, client: redis.Redis, queue: str) -> set[str | None]:
         """The task ids of every message waiting in a queue."""
         return {(message.get("headers") or {}).get("id") for message in self.waiting(client, queue)}
 
+    def held_entries(self, client: redis.Redis) -> tuple[list[Held], list[tuple[tuple[bytes, bytes], Exception]]]:
+        """Every message delivered to a worker and not acknowledged yet, and apart the (tag, entry)
+        pairs that do not decode (with why): a worker may hold a message sluice cannot read."""
+        return entries.split("held message", client.hgetall(self._key(self.unacked_key)).items(),
+                             lambda item: Held.decode(*item))
+
     def held(self, client: redis.Redis) -> list[Held]:
-        """Every message delivered to a worker and not acknowledged yet."""
-        items = []
-        for tag, raw in client.hgetall(self._key(self.unacked_key)).items():
-            message, _exchange, queue = json.loads(raw)
-            items.append(Held(tag.decode(), message, queue))
-        return items
+        """Every message delivered to a worker and not acknowledged yet (one that does not decode is skipped)."""
+        return self.held_entries(client)[0]
 
     def held_by_queue(self, client: redis.Redis) -> Counter[str]:
         """How many messages workers hold, per queue they came from."""
-        return Counter(json.loads(raw)[2] for raw in client.hvals(self._key(self.unacked_key)))
+        return Counter(item.queue for item in self.held(client))
 
-    def held_since(self, client: redis.Redis, tag: str) -> float | None:
+    def held_since(self, client: redis.Redis, tag: str | bytes) -> float | None:
         """When a held message was delivered (kombu's index), if it is still held."""
         return client.zscore(self._key(self.unacked_index_key), tag)
 
@@ -124,7 +153,7 @@ class RedisLayout:
     def bound_queues(self, client: redis.Redis, exchange: str) -> list[str]:
         """The queues bound to an exchange (for Celery's direct exchange: every worker's own queue)."""
         members = client.smembers(self._key(Channel.keyprefix_queue % exchange))
-        return [member.decode().rsplit(self.sep, 1)[-1] for member in members]
+        return entries.decode_each("queue binding", members, lambda member: member.decode().rsplit(self.sep, 1)[-1])
 
 
 def task_args(message: dict[str, Any]) -> list[Any] | None:
@@ -152,9 +181,16 @@ def task_meta_key(app: Any, task_id: str) -> bytes:
 
 
 def task_states(client: redis.Redis, app: Any, task_ids: list[str]) -> list[str | None]:
-    """Each task's stored state (None: nothing stored yet), in one round trip."""
+    """Each task's stored state (None: nothing stored yet, or nothing readable), in one round trip."""
     metas = client.mget([task_meta_key(app, task_id) for task_id in task_ids])
-    return [None if raw is None else app.backend.decode(raw)["status"] for raw in metas]
+
+    def status(raw: bytes) -> str:
+        try:
+            return str(app.backend.decode(raw)["status"])
+        except DecodeError as exc:  # kombu's, not a ValueError
+            raise ValueError(exc) from exc
+
+    return [None if raw is None else entries.decode_one("task result", raw, status, None) for raw in metas]
 
 
 def lua_source(name: str) -> str:
@@ -192,7 +228,7 @@ class DeadLetter:
     @classmethod
     def decode(cls, entry: bytes) -> DeadLetter:
         header, _, raw = entry.partition(b"\n")
-        fields = json.loads(header)
+        fields = entries.loads(header)
         return cls(str(fields["reason"]), str(fields["queue"]), float(fields["at"]), raw)
 
     @property
@@ -206,10 +242,46 @@ class DeadLetter:
 def dead_letter(client: redis.Redis, layout: RedisLayout, letter: DeadLetter, held_tag: str | None = None) -> None:
     """Add a dead letter to its queue's list (and forget the held message it was, atomically)."""
     pipe = client.pipeline()
+    _add_dead_letter(pipe, layout, letter, held_tag)
+    pipe.execute()
+
+
+def dead_letter_held(client: redis.Redis, layout: RedisLayout, tag: bytes, entry: bytes, reason: str) -> bool:
+    """Make a held message that does not decode (``entry``, its unacked hash field) a dead letter,
+    if it is still held as it was read (its holder may acknowledge it meanwhile; kombu's restore
+    watches the hash the same way). False when it no longer was."""
+    letter = unreadable_held(layout, entry, reason)
+    key = layout._key(layout.unacked_key)
+
+    def put_aside(pipe: redis.client.Pipeline) -> bool:
+        if pipe.hget(key, tag) != entry:
+            return False
+        pipe.multi()
+        _add_dead_letter(pipe, layout, letter, tag)
+        return True
+
+    return bool(client.transaction(put_aside, key, value_from_callable=True))
+
+
+def unreadable_held(layout: RedisLayout, entry: bytes, reason: str) -> DeadLetter:
+    """The dead letter a held entry that does not decode becomes: its message on the dead letters
+    of its queue, both read as kombu reads the entry, but with each byte that is not UTF-8 kept as
+    it was instead of replaced (so ``show`` has the culprit, and ``requeue`` puts back what was
+    taken); the whole entry, on the dead letters of the unacked hash's name, if not even that reads."""
+    try:
+        message, _exchange, queue = json.loads(entry.decode("utf-8", "surrogateescape"))
+        raw = json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogateescape")
+        queue.encode()  # names a key: must be text
+    except entries.UNREADABLE:
+        raw, queue = entry, layout.unacked_key
+    return DeadLetter(reason, queue, time.time(), raw)
+
+
+def _add_dead_letter(pipe: redis.client.Pipeline, layout: RedisLayout, letter: DeadLetter,
+                     held_tag: str | bytes | None) -> None:
     pipe.lpush(layout.dead_letters(letter.queue), letter.encode())
     pipe.ltrim(layout.dead_letters(letter.queue), 0, DEAD_LETTER_CAP - 1)
     pipe.incr(layout.dead_letter_count(letter.queue))
     if held_tag is not None:
         pipe.hdel(layout._key(layout.unacked_key), held_tag)
         pipe.zrem(layout._key(layout.unacked_index_key), held_tag)
-    pipe.execute()

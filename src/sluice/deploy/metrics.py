@@ -17,7 +17,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from sluice import keys
+from sluice import entries, keys
 from sluice.queues.catalog import Catalog
 from sluice.config import Settings
 from sluice.queues.status import class_status, intake_status
@@ -27,8 +27,10 @@ from sluice.tasks import memory_profile
 class ClassMetrics(Collector):
     """``sluice_queued``, ``sluice_reserved``, ``sluice_running``, ``sluice_workers_online``,
     ``sluice_slots``, ``sluice_escalations_total``, ``sluice_memory_kills_total`` and
-    ``sluice_dead_letters_total``, by class; ``sluice_intake_queued`` (the intake queue's depth)
-    and ``sluice_forwarded_total`` by ``from`` and ``to`` queue (admission's forwards)."""
+    ``sluice_dead_letters_total``, by class; ``sluice_intake_queued`` (the intake queue's depth),
+    ``sluice_forwarded_total`` by ``from`` and ``to`` queue (admission's forwards), and
+    ``sluice_unreadable_entries_total`` by ``kind``: entries of Redis structures this process
+    skipped because they do not decode (``sluice.entries``)."""
 
     def __init__(self, client: redis.Redis, catalog: Catalog, intake: str = Settings.intake_queue) -> None:
         self.client = client
@@ -54,7 +56,8 @@ class ClassMetrics(Collector):
                                  ("workers_online", row.workers), ("slots", row.slots)):
                 gauges[gauge].add_metric([name], value)
             for offset, counter in enumerate(counters.values()):
-                counter.add_metric([name], int(totals[index * len(counters) + offset] or 0))
+                counter.add_metric([name], entries.decode_one("counter", totals[index * len(counters) + offset],
+                                                              lambda raw: int(raw or 0), 0))
         yield from gauges.values()
         yield from counters.values()
         intake = GaugeMetricFamily("sluice_intake_queued", "Messages waiting in the intake queue to be forwarded",
@@ -62,11 +65,22 @@ class ClassMetrics(Collector):
         intake.add_metric([self.intake], intake_status(self.client, self.intake).queued)
         forwarded = CounterMetricFamily("sluice_forwarded", "Messages workers forwarded to the class that holds "
                                         "them (from the intake, or from a class too small)", labels=["from", "to"])
-        for pair, count in sorted(self.client.hgetall(keys.FORWARDED).items()):
-            source, _, target = pair.decode().partition(" ")
-            forwarded.add_metric([source, target], int(count))
+        forwards = entries.decode_each("forward count", self.client.hgetall(keys.FORWARDED).items(), _forwards)
+        for source, target, count in sorted(forwards):
+            forwarded.add_metric([source, target], count)
         yield intake
         yield forwarded
+        unreadable = CounterMetricFamily("sluice_unreadable_entries", "Entries of sluice's Redis structures this "
+                                         "process skipped because they do not decode", labels=["kind"])
+        for kind, count in sorted(entries.skipped.items()):
+            unreadable.add_metric([kind], count)
+        yield unreadable
+
+
+def _forwards(item: tuple[bytes, bytes]) -> tuple[str, str, int]:
+    """One field of the forward counts: ``"<from> <to>"`` -> how many."""
+    source, _, target = item[0].decode().partition(" ")
+    return source, target, int(item[1])
 
 
 class TaskMetrics(Collector):

@@ -18,14 +18,46 @@
 -- fetch that takes a message spends a token and trims the bell to its cap, so a bell holds at
 -- most the cap while its queue is served, and one small token per waiting message while not.
 --
--- A message whose envelope is not kombu's (not JSON, not an object, no delivery tag) is moved
--- to its queue's dead-letter list as "<json header>\n<raw message>" (the format of
+-- A message whose envelope is not kombu's (not JSON, not valid UTF-8, not an object, no delivery
+-- tag) is moved to its queue's dead-letter list as "<json header>\n<raw message>" (the format of
 -- sluice._kombu.DeadLetter) and the search goes on.
 -- Returns {dead} when nothing could be taken, else {dead, list number (1-based), raw, tag}.
+
+-- The position of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong
+-- forms, no surrogates, nothing past U+10FFFF; what Python's strict decoder refuses), or nil.
+-- cjson does not check, and sluice's readers (sluice.entries.loads, strict as this) would refuse
+-- the message after a worker took it. Redis's Lua 5.1 has no utf8 library: ASCII runs are skipped by
+-- string.find (C speed; a kombu message is ASCII throughout), each other sequence is checked
+-- here by its lead byte, the range of its second byte, and the continuation bytes after it.
+local function bad_utf8_at(s)
+  local i = 1
+  while true do
+    i = string.find(s, '[\128-\255]', i)
+    if not i then return nil end
+    local lead, low, high, more = string.byte(s, i), 128, 191, 0
+    if lead >= 194 and lead <= 223 then more = 1
+    elseif lead == 224 then low, more = 160, 2      -- no overlong 3-byte forms
+    elseif lead == 237 then high, more = 159, 2     -- no surrogates (U+D800..U+DFFF)
+    elseif lead >= 225 and lead <= 239 then more = 2
+    elseif lead == 240 then low, more = 144, 3      -- no overlong 4-byte forms
+    elseif lead == 244 then high, more = 143, 3     -- nothing past U+10FFFF
+    elseif lead >= 241 and lead <= 243 then more = 3
+    else return i end                                -- a continuation byte, C0, C1 or F5..FF
+    local second = string.byte(s, i + 1)
+    if not second or second < low or second > high then return i end
+    for j = i + 2, i + more do
+      local byte = string.byte(s, j)
+      if not byte or byte < 128 or byte > 191 then return i end
+    end
+    i = i + more + 1
+  end
+end
 
 local function envelope(raw)
   local ok, message = pcall(cjson.decode, raw)
   if not ok then return nil, 'not JSON' end
+  local bad = bad_utf8_at(raw)
+  if bad then return nil, 'not valid UTF-8 (byte ' .. (bad - 1) .. ')' end
   if type(message) ~= 'table' or #message > 0 then return nil, 'not a JSON object' end  -- cjson: arrays are tables
   local properties = message['properties']
   if type(properties) ~= 'table' then return nil, 'no "properties" object' end

@@ -56,7 +56,7 @@ def list_(queue: str | None, limit: int, app_name: str | None) -> None:
     table = Table(title=f"dead letters of {queue}, newest first")
     for column in ("#", "at", "task id", "reason", "bytes"):
         table.add_column(column, overflow="fold")
-    for number, letter in enumerate(dead_letters.read(client, layout, queue, 0, limit)):
+    for number, letter in dead_letters.read(client, layout, queue, 0, limit):
         table.add_row(str(number), _when(letter.at), letter.task_id or "-", letter.reason, str(len(letter.raw)))
     console.print(table)
 
@@ -73,8 +73,8 @@ def show(queue: str, number: int, max_bytes: int, app_name: str | None) -> None:
     client, layout = _broker(app_name)
     letters = dead_letters.read(client, layout, queue, number, 1)
     if not letters:
-        raise click.ClickException(f"queue {queue!r} has no dead letter number {number}")
-    letter = letters[0]
+        raise click.ClickException(f"queue {queue!r} has no dead letter number {number} that can be read")
+    _, letter = letters[0]
     click.echo(f"queue:   {letter.queue}\nat:      {_when(letter.at)}\nreason:  {letter.reason}\n"
                f"task id: {letter.task_id or '-'}\nbytes:   {len(letter.raw)}")
     click.echo(letter.raw[:max_bytes].decode(errors="backslashreplace"))

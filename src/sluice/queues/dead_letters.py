@@ -2,7 +2,8 @@
 
 The transport and the worker's consumer put them there (see ``sluice.transport`` and
 ``sluice.workers.consumer``); ``sluice dead-letters`` is this module on a command line.
-Entries are numbered from 0, newest first, as ``LRANGE`` reads them.
+Entries are numbered from 0, newest first, as ``LRANGE`` reads them. An entry that does not
+decode (another program's data in the list) keeps its number and is skipped, logged and counted.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import redis
 
-from sluice import _kombu
+from sluice import _kombu, entries
 from sluice.errors import ConfigurationError
 from sluice.publishing import BELL_CAP
 
@@ -33,19 +34,22 @@ def summary(client: redis.Redis, layout: _kombu.RedisLayout) -> list[QueueDeadLe
         pipe.llen(layout.dead_letters(queue))
         pipe.get(layout.dead_letter_count(queue))
     replies = pipe.execute()
-    return [QueueDeadLetters(q, int(kept), int(total or 0)) for q, kept, total in zip(queues, replies[::2], replies[1::2])]
+    return entries.decode_each("dead-letter count", zip(queues, replies[::2], replies[1::2]),
+                               lambda row: QueueDeadLetters(row[0], int(row[1]), int(row[2] or 0)))
 
 
 def _suffixes(client: redis.Redis, prefix: str) -> set[str]:
     """What follows ``prefix`` in the names of the keys that start with it (here: queue names)."""
-    return {key.decode()[len(prefix):] for key in client.scan_iter(match=prefix + "*", count=1000)}
+    return set(entries.decode_each("dead-letter key name", client.scan_iter(match=prefix + "*", count=1000),
+                                   lambda key: key.decode()[len(prefix):]))
 
 
 def read(client: redis.Redis, layout: _kombu.RedisLayout, queue: str, start: int = 0,
-         count: int = 20) -> list[_kombu.DeadLetter]:
-    """Up to ``count`` dead letters of ``queue`` from number ``start`` on, newest first."""
-    entries = client.lrange(layout.dead_letters(queue), start, start + count - 1)
-    return [_kombu.DeadLetter.decode(entry) for entry in entries]
+         count: int = 20) -> list[tuple[int, _kombu.DeadLetter]]:
+    """Up to ``count`` dead letters of ``queue`` from number ``start`` on, newest first, each with its number."""
+    found = client.lrange(layout.dead_letters(queue), start, start + count - 1)
+    return entries.decode_each("dead letter", enumerate(found, start),
+                               lambda numbered: (numbered[0], _kombu.DeadLetter.decode(numbered[1])))
 
 
 def requeue(client: redis.Redis, layout: _kombu.RedisLayout, queue: str, number: int | None = None) -> int:
@@ -53,10 +57,10 @@ def requeue(client: redis.Redis, layout: _kombu.RedisLayout, queue: str, number:
     Returns how many went back (an entry another ``requeue`` or ``purge`` took meanwhile is skipped)."""
     move = _kombu.script(client, "move_message")
     dead = layout.dead_letters(queue)
-    entries = _entries(client, dead, queue, number)
+    found = entries.decode_each("dead letter", _entries(client, dead, queue, number),
+                                lambda entry: (entry, _kombu.DeadLetter.decode(entry)))
     moved = 0
-    for entry in entries:
-        letter = _kombu.DeadLetter.decode(entry)
+    for entry, letter in found:
         moved += move(keys=[dead, layout.queue_lists(letter.queue)[0]], args=[entry, letter.raw])
     if moved:  # wake idle workers, as a publish does
         client.pipeline().lpush(layout.bell(queue), *([1] * moved)).ltrim(layout.bell(queue), 0, BELL_CAP - 1).execute()

@@ -4,7 +4,6 @@ packed class's waiting and held messages need."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -101,7 +100,7 @@ def demand(app: Any, client: redis.Redis, queue: str, layout: RedisLayout = Redi
            sample: int = 1000) -> tuple[int, int]:
     """Millicores and bytes that the messages waiting in ``queue`` and held from it need (for a
     packed class's autoscaling). Past ``sample`` waiting messages, their mean stands for the rest."""
-    waiting = [json.loads(raw) for name in layout.queue_lists(queue) for raw in client.lrange(name, 0, sample - 1)]
+    waiting = layout.waiting(client, queue, sample)
     depth = layout.queue_depth(client, queue)
     held = [item.message for item in layout.held(client) if item.queue == queue]
     computes = [message_compute(app, m) for m in waiting]

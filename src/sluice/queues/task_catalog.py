@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from sluice import keys
+from sluice import entries, keys
 from sluice.compute import Compute
 from sluice.tasks.retry import RetryPolicy
 
@@ -47,7 +47,7 @@ class TaskEntry:
 
     @classmethod
     def decode(cls, name: str, raw: bytes | str) -> TaskEntry:
-        data = json.loads(raw)
+        data = entries.loads(raw)
         return cls(name, Compute.from_dict(data["declared"]) if data.get("declared") else None,
                    Compute.from_dict(data["effective"]), RetryPolicy.from_dict(data["retry"]) if data.get("retry")
                    else None, str(data.get("worker") or "?"), float(data.get("at") or 0),
@@ -70,14 +70,10 @@ def publish(client: redis.Redis | Any, entries: list[TaskEntry]) -> None:
 
 
 def read(client: redis.Redis) -> dict[str, TaskEntry]:
-    """Every entry, by task name; one that does not decode is left out with a warning."""
-    entries = {}
-    for name, raw in client.hgetall(keys.TASK_CATALOG).items():
-        try:
-            entries[name.decode()] = TaskEntry.decode(name.decode(), raw)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("task catalog entry %r is not valid (%s); ignoring it", name, exc)
-    return entries
+    """Every entry, by task name; one that does not decode is left out (logged and counted)."""
+    found = entries.decode_each("task catalog entry", client.hgetall(keys.TASK_CATALOG).items(),
+                                lambda item: TaskEntry.decode(item[0].decode(), item[1]))
+    return {entry.name: entry for entry in found}
 
 
 class TaskDirectory:

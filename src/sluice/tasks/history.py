@@ -12,7 +12,7 @@ from typing import Any
 import redis
 from celery.result import AsyncResult
 
-from sluice import keys
+from sluice import entries, keys
 
 #: How long a history is kept (as long as sluice keeps memory-kill records).
 HISTORY_TTL = keys.MEMORY_KILL_TTL
@@ -25,11 +25,23 @@ def append(client: redis.Redis, task_id: str, record: dict[str, Any]) -> list[di
     pipe.rpush(key, json.dumps(record))
     pipe.expire(key, HISTORY_TTL)
     pipe.lrange(key, 0, -1)
-    return [json.loads(item) for item in pipe.execute()[-1]]
+    return _records(pipe.execute()[-1])
 
 
 def read(client: redis.Redis, task_id: str) -> list[dict[str, Any]]:
-    return [json.loads(item) for item in client.lrange(keys.attempts(task_id), 0, -1)]
+    return _records(client.lrange(keys.attempts(task_id), 0, -1))
+
+
+def _records(items: list[bytes]) -> list[dict[str, Any]]:
+    """The attempt records of a history (one that does not decode is skipped)."""
+    return entries.decode_each("attempt record", items, _record)
+
+
+def _record(item: bytes) -> dict[str, Any]:
+    record = entries.loads(item)
+    if not isinstance(record, dict):
+        raise TypeError(f"an attempt record is a JSON object, not {type(record).__name__}")
+    return record
 
 
 def attempts(result: AsyncResult) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from sluice import keys
+from sluice import entries, keys
 from sluice.compute import Compute
 
 MiB = 1 << 20
@@ -73,16 +73,24 @@ def read(client: redis.Redis, task: str) -> MemoryProfile:
     pipe.hgetall(keys.memory_profile(task))
     pipe.zscore(keys.MEMORY_PEAKS, task)
     fields, peak = pipe.execute()
-    counts = sorted((int(name[1:]), int(n)) for name, n in ((k.decode(), v) for k, v in fields.items())
-                    if name.startswith("b"))
+    read_fields = dict(entries.decode_each("memory profile field", fields.items(), _field))
+    counts = sorted((int(name[1:]), n) for name, n in read_fields.items() if name.startswith("b"))
     total, top = sum(n for _, n in counts), int(peak or 0)
     p50, p95 = (min(_quantile(counts, total, q), top or math.inf) for q in (0.50, 0.95))  # never above the peak seen
-    return MemoryProfile(total, int(p50), int(p95), top, int(fields.get(KILLS.encode(), 0)))
+    return MemoryProfile(total, int(p50), int(p95), top, read_fields.get(KILLS, 0))
+
+
+def _field(item: tuple[bytes, bytes]) -> tuple[str, int]:
+    """One histogram field (``b<bucket>`` -> runs) or the kill count, as written by :func:`observe`."""
+    name, count = item[0].decode(), int(item[1])
+    if name != KILLS and not (name.startswith("b") and 0 <= int(name[1:]) < BUCKETS):
+        raise ValueError(f"not a field of a memory profile: {name!r}")
+    return name, count
 
 
 def observed_tasks(client: redis.Redis) -> list[str]:
     """Every task name with at least one observation."""
-    return [name.decode() for name in client.zrange(keys.MEMORY_PEAKS, 0, -1)]
+    return entries.decode_each("observed task name", client.zrange(keys.MEMORY_PEAKS, 0, -1), bytes.decode)
 
 
 def reset(client: redis.Redis, task: str) -> bool:

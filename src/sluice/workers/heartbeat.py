@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from sluice import keys
+from sluice import entries, keys
 from sluice.workers.periodic import Periodic
 
 
@@ -43,12 +43,15 @@ class WorkerBeat:
 
     @classmethod
     def decode(cls, raw: bytes | str) -> WorkerBeat:
-        data = json.loads(raw)
-        names = {f.name for f in fields(cls)} - {"extra"}
-        core = {k: v for k, v in data.items() if k in names}
-        for listed in ("queues", "classes", "running"):
-            core[listed] = tuple(core.get(listed) or ())
-        return cls(**core, extra={k: v for k, v in data.items() if k not in names})
+        """The payload; ValueError or TypeError if ``raw`` is not one (readers skip it then)."""
+        data = entries.loads(raw)
+        if not isinstance(data, dict):
+            raise TypeError(f"a heartbeat is a JSON object, not {type(data).__name__}")
+        core: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in data and f.name != "extra":
+                core[f.name] = _typed(f.name, data[f.name], cls.__dataclass_fields__[f.name].default)
+        return cls(**core, extra={k: v for k, v in data.items() if k not in core})
 
 
 class Heartbeat(Periodic):
@@ -96,7 +99,22 @@ def read_heartbeat(client: redis.Redis, hostname: str) -> WorkerBeat | None:
 
 
 def read_heartbeats(client: redis.Redis) -> list[WorkerBeat]:
-    """Every live worker's last heartbeat."""
+    """Every live worker's last heartbeat (one that does not decode is skipped)."""
     names = list(client.scan_iter(match=keys.WORKER_HEARTBEAT_PATTERN, count=500))
     bodies = client.mget(names) if names else []
-    return [WorkerBeat.decode(body) for body in bodies if body is not None]
+    return entries.decode_each("heartbeat", (body for body in bodies if body is not None), WorkerBeat.decode)
+
+
+def _typed(name: str, value: Any, default: Any) -> Any:
+    """A core field's value as its type (a tuple of strings for the listed ones), or TypeError."""
+    if isinstance(default, tuple):
+        fits = value is None or isinstance(value, list) and all(isinstance(item, str) for item in value)
+        return tuple(value or ()) if fits else _mistyped(name, value)
+    if isinstance(default, float):
+        fits = isinstance(value, int | float) and not isinstance(value, bool)
+        return float(value) if fits else _mistyped(name, value)
+    return value if type(value) is type(default) else _mistyped(name, value)
+
+
+def _mistyped(name: str, value: Any) -> Any:
+    raise TypeError(f"heartbeat field {name!r} holds {type(value).__name__} {value!r:.40}")

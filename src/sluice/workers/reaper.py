@@ -12,6 +12,12 @@ one at a time (a Redis lock) looks at each held message and restores it to its q
 The redelivered message then meets the ledger on the next worker (see ``request.py``), which
 counts the lost attempt and lets the retry policy decide.
 
+A held message that does not decode (not valid UTF-8 JSON: taken before the fetch script
+refused such messages, or written by another program) cannot be judged by its claim. It is
+skipped while its holder renews its lease, and once no one has for ``orphan_grace`` seconds it
+becomes a dead letter of its queue, bytes intact, as the fetch script would have made it: never
+put back to fail every fetch, never a reason to stop sweeping for the others.
+
 Messages can also wait, not yet taken, in a dead worker's own direct queue (a sticky retry, or
 a remote call sent to the worker holding its environment). Those name their home queue in a
 header; the sweep moves them there once the worker's heartbeat is gone.
@@ -23,12 +29,13 @@ import json
 import logging
 import time
 from datetime import datetime
+from typing import Any
 
 import redis
 from celery import Celery
 from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE, WORKER_DIRECT_QUEUE_FORMAT
 
-from sluice import _kombu, keys
+from sluice import _kombu, entries, keys
 from sluice.headers import Headers, attempt_of
 from sluice.workers import ledger
 from sluice.workers.periodic import Periodic
@@ -57,13 +64,25 @@ class OrphanReaper(Periodic):
             return []
         restored = []
         now = time.time()
-        for held in self.layout.held(self.client):
+        readable, unreadable = self.layout.held_entries(self.client)
+        for held in readable:
             if self._orphaned(held, now):
                 _kombu.restore(self.app, held.tag)
                 restored.append(held.task_id or "?")
         if restored:
             log.warning("restored %d message(s) held by dead workers: %s", len(restored), ", ".join(restored))
+        for (tag, entry), why in unreadable:
+            self._dead_letter_unreadable(tag, entry, why, now)
         return restored + self.rehome_direct_queues()
+
+    def _dead_letter_unreadable(self, tag: bytes, entry: bytes, why: Exception, now: float) -> None:
+        """A held message that does not decode: a dead letter once its lease lapsed (see the module docstring)."""
+        since = self.layout.held_since(self.client, tag)
+        if since is None or now - since <= self.grace:
+            return
+        reason = f"unreadable while held ({type(why).__name__}: {why}), and its holder stopped renewing it"
+        if _kombu.dead_letter_held(self.client, self.layout, tag, entry, reason[:500]):
+            log.warning("moved held message %r, which does not decode, to the dead letters: %s", tag, why)
 
     def rehome_direct_queues(self) -> list[str]:
         """Move messages waiting in dead workers' direct queues to their home queues."""
@@ -77,14 +96,12 @@ class OrphanReaper(Periodic):
         for queue, alive, waiting in zip(queues, replies[::2], replies[1::2]):
             if alive or not waiting:
                 continue
-            for raw in self.client.lrange(queue, 0, -1):
-                message = json.loads(raw)
-                home = Headers.read(message.get("headers") or {}).sticky
+            for raw, message, home in entries.decode_each("waiting message", self.client.lrange(queue, 0, -1),
+                                                          _rehomed):
                 if not home:
                     continue
-                message["properties"]["delivery_info"].update(exchange="", routing_key=home)
                 if self._move(keys=[queue, home], args=[raw, json.dumps(message)]):
-                    moved.append(message["headers"].get("id", "?"))
+                    moved.append(str(message["headers"].get("id", "?")))
         if moved:
             log.warning("moved %d message(s) from dead workers' own queues to their home queues: %s",
                         len(moved), ", ".join(moved))
@@ -100,6 +117,16 @@ class OrphanReaper(Periodic):
         eta = headers.get("eta")
         due = max(since, datetime.fromisoformat(eta).timestamp()) if eta else since
         return now - due > self.grace
+
+
+def _rehomed(raw: bytes) -> tuple[bytes, dict[str, Any], str | None]:
+    """A message waiting in a worker's own queue: as it was, routed to its home queue, and that
+    home (None: it has none, and stays)."""
+    message = _kombu.message_of(raw)
+    home = Headers.read(message.get("headers") or {}).sticky
+    if home:
+        message["properties"]["delivery_info"].update(exchange="", routing_key=home)
+    return raw, message, home
 
 
 def direct_queue_owner(queue: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from celery import states
 
-from sluice import _kombu, keys
+from sluice import _kombu, entries, keys
 from sluice.app import App
 from sluice.client.batch import recovery
 from sluice.client.batch.progress import (
@@ -203,12 +203,12 @@ class Driver:
         if lines:
             self.write(lines)
 
-    def write(self, lines: list[bytes] | list[str], only_waiting: bool = True) -> None:
-        """Sink encoded records and count them. A record for an id no longer awaited (a
-        redelivered chunk reporting twice) is dropped: each id lands once."""
+    def write(self, lines: list[bytes] | list[str], only_waiting: bool = True) -> list[Record]:
+        """Sink encoded records and count them; returns those sunk. A record for an id no longer
+        awaited (a redelivered chunk reporting twice) is dropped: each id lands once. A line that
+        does not decode is skipped (logged and counted): its id stays awaited."""
         records: list[Record] = []
-        for line in lines:
-            record = decode(line)
+        for record in entries.decode_each("batch record", lines, decode):
             if only_waiting and record.id not in self.waiting:
                 continue
             self.waiting.discard(record.id)
@@ -225,6 +225,7 @@ class Driver:
         self.progress.failed += sum(1 for r in failures if r.status in (FAILED, LOST))
         self.progress.cancelled += sum(1 for r in failures if r.status == CANCELLED)
         self.progress.in_flight = len(self.waiting)
+        return records
 
     def _poll_chunks(self) -> None:
         """Twice a second: forget finished chunks, count retried ones' failures (quarantine) and

@@ -107,6 +107,9 @@ def _non_finite(value: Any, path: str) -> str:
 
 
 def decode(line: bytes | str) -> Record:
-    """The record a line holds: a failure has a ``status``."""
+    """The record a line holds: a failure has a ``status``. ValueError or TypeError if the line
+    holds none."""
     data = json.loads(line)
+    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+        raise TypeError("a record is a JSON object with a string id")
     return Failure(**data) if "status" in data else Ready(**data)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import redis
 from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE
 
+from sluice import entries
 from sluice._kombu import RedisLayout, task_args
 from sluice.client.batch.records import FAILED, RERUN, Failure, decode
 
@@ -27,24 +28,24 @@ if TYPE_CHECKING:
 
 def resume(driver: Driver, done: set[str]) -> None:
     """Sink what the cache computed meanwhile; await what earlier drivers dispatched (``done``:
-    the ids the sink holds, updated here)."""
+    the ids the sink holds, updated here). A cached record that does not decode is forgotten and
+    its item dispatched again, as a lost one is."""
     client, results = driver.client, driver.key("results")
-    lines, rerun = [], []
-    for raw_id, raw in client.hscan_iter(results, count=5000):
-        item_id = raw_id.decode()
-        if _runs_again(raw, driver.settings.rerun_failed):
-            rerun.append(item_id)            # lost (or failed, with --rerun-failed): forget it, dispatch it again
-        elif item_id not in done:
-            lines.append(raw)
-            done.add(item_id)
+    rerun_failed = driver.settings.rerun_failed
+    cached, unreadable = entries.split("batch result", client.hscan_iter(results, count=5000),
+                                       lambda item: (item[0], item[1], _runs_again(item[1], rerun_failed)))
+    # lost (or failed, with --rerun-failed), or unreadable: forget it, dispatch it again
+    rerun = [raw_id for raw_id, _, again in cached if again] + [raw_id for (raw_id, _), _ in unreadable]
+    lines = {raw_id: raw for raw_id, raw, again in cached if not again and raw_id.decode(errors="replace") not in done}
+    sunk = {record.id for record in driver.write(list(lines.values()), only_waiting=False)}
+    rerun += [raw_id for raw_id in lines if raw_id.decode(errors="replace") not in sunk]  # the sink could not read it
+    done |= sunk
     if rerun:
         client.hdel(results, *rerun)
         client.srem(driver.key("skip"), *rerun)
-    driver.write(lines, only_waiting=False)
     client.delete(driver.key("ready"))
-    for raw_id in client.sscan_iter(driver.key("skip"), count=5000):
-        if raw_id.decode() not in done:
-            driver.inherited.add(raw_id.decode())
+    skip = entries.decode_each("dispatched id", client.sscan_iter(driver.key("skip"), count=5000), bytes.decode)
+    driver.inherited.update(item_id for item_id in skip if item_id not in done)
     driver.waiting |= driver.inherited
 
 

@@ -10,7 +10,7 @@ import click
 import redis
 from rich.table import Table
 
-from sluice import keys, redis_client, terminal
+from sluice import entries, keys, redis_client, terminal
 from sluice.client.batch import runs
 from sluice.config import Settings, embedded_broker_url
 from sluice.units import format_size
@@ -35,7 +35,8 @@ def _broker(settings: Settings) -> redis.Redis | None:
 def _on_broker(client: redis.Redis) -> set[str]:
     """Ids of the runs whose task file is on the broker (every run publishes it first)."""
     head, tail = keys.run("\0", "source").split("\0")
-    return {key.decode()[len(head):-len(tail)] for key in client.scan_iter(match=keys.run("*", "source"))}
+    return set(entries.decode_each("run key name", client.scan_iter(match=keys.run("*", "source")),
+                                   lambda key: key.decode()[len(head):-len(tail)]))
 
 
 def _age(seconds: float) -> str:
