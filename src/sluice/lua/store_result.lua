@@ -4,11 +4,14 @@
 -- With a STARTED state, the worker's delivery-ledger claim rides along (sluice.workers.ledger).
 --
 -- KEYS[1] the task's result key, KEYS[2] (optional) the task's ledger key.
--- ARGV[1] the encoded meta (JSON), ARGV[2] its expiry in seconds ("" for none), and with
--- KEYS[2]: ARGV[3] the claim, ARGV[4] its expiry in seconds.
+-- ARGV[1] the encoded meta (JSON), ARGV[2] its expiry in seconds ("" for none), ARGV[3] the
+-- message to publish instead of the meta ("" for the meta itself), and with KEYS[2]: ARGV[4]
+-- the claim, ARGV[5] its expiry in seconds.
 -- Publishes the meta on the key's channel, as Celery's Redis backend does, for the waiters
--- subscribed to it. Returns {1 when stored, 0 when a success was already there; the claim the
--- new one replaced, or nil}.
+-- subscribed to it; a meta too big for Redis's pub/sub buffer limits is announced instead by
+-- a notice (sluice.tasks.result_consumer.Notice), and the waiters read the stored meta.
+-- Returns {1 when stored, 0 when a success was already there; the claim the new one
+-- replaced, or nil}.
 
 local stored = 0
 local current = redis.call('GET', KEYS[1])
@@ -20,9 +23,13 @@ if not (ok and type(meta) == 'table' and meta['status'] == 'SUCCESS') then
   else
     redis.call('SET', KEYS[1], ARGV[1])
   end
-  redis.call('PUBLISH', KEYS[1], ARGV[1])
+  if ARGV[3] ~= '' then
+    redis.call('PUBLISH', KEYS[1], ARGV[3])
+  else
+    redis.call('PUBLISH', KEYS[1], ARGV[1])
+  end
   stored = 1
 end
 local previous = false
-if KEYS[2] then previous = redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4], 'GET') end
+if KEYS[2] then previous = redis.call('SET', KEYS[2], ARGV[4], 'EX', ARGV[5], 'GET') end
 return {stored, previous}
