@@ -21,6 +21,7 @@ import time
 import urllib.request
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -291,3 +292,38 @@ def test_every_reader_of_sluices_redis_structures_reads_the_rest_past_one_bad_en
                    for _, dead in dead_letters.read(client, LAYOUT, row.queue, 0, 100)]
         assert any(reason.startswith("unreadable while held") for reason in reasons), reasons
     assert dead_letters.requeue(client, LAYOUT, "cpu") >= 1
+
+
+def test_a_batch_record_that_does_not_decode_ends_as_a_lost_item_not_a_run_that_never_ends(
+        redis_client: redis.Redis, tmp_path: Path) -> None:
+    """A chunk ended (its state SUCCESS) whose records reached the driver's ready list, one of
+    them bytes that do not decode: the driver sinks the readable record, skips the other, and
+    once the chunk has stayed ended with that item awaited past ``ended_grace``, records the item
+    lost (what ``--resume`` runs again) instead of awaiting it forever."""
+    from sluice import App
+    from sluice.client.batch.driver import Driver
+    from sluice.client.batch.progress import RunSettings
+    from sluice.client.batch.records import LOST, Failure, Ready, encode
+    from sluice.client.batch.sink import Sink
+    from sluice.client.batch.taskfile import TaskFile
+
+    app = App("tests.unreadable.batch")
+    task_file = TaskFile.from_source("t.py", "def plan():\n    yield {'id': 'a'}\n\ndef execute(item):\n    return {}\n", [])
+    sunk: list[Any] = []
+    driver = Driver(app, task_file, Sink(tmp_path / "sink").open(), RunSettings("unreadable-run", "cpu"), 1,
+                    on_record=sunk.append)
+    driver.ended_grace = 0.5
+    driver.chunks["chunk-1"] = ["good", "bad"]
+    driver.waiting.update(["good", "bad"])
+    app.backend.store_result("chunk-1", 2, "SUCCESS")
+    redis_client.rpush(driver.key("ready"), encode(Ready("good", {"ok": True}, "w@test", 1, time.time(), 0.01)),
+                       b'{"id": "bad", "status": "\xff')
+    deadline = time.monotonic() + 10
+    while driver.waiting and time.monotonic() < deadline:
+        driver.collect(block=True)
+        driver._poll_chunks()
+    assert not driver.waiting, "the driver still awaits an item whose record will never come"
+    lost = [r for r in sunk if isinstance(r, Failure)]
+    assert [r.id for r in sunk if isinstance(r, Ready)] == ["good"]
+    assert [(r.id, r.status, r.chunk) for r in lost] == [("bad", LOST, "chunk-1")], sunk
+    assert "--resume runs it again" in lost[0].message

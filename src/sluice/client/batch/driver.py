@@ -37,6 +37,7 @@ from sluice.client.batch.records import (
     Ready,
     Record,
     decode,
+    encode,
 )
 from sluice.client.batch.sink import Sink
 from sluice.client.batch.taskfile import TaskFile
@@ -48,6 +49,10 @@ from sluice.workers.batch.chunk_task import RUN_CHUNK_TASK
 
 class Driver:
     """One run: :meth:`run` dispatches ``plan()`` and sinks records until every id has one."""
+
+    #: How long a chunk may have ended before its still-awaited items are given up as lost: past
+    #: a failed chunk's records, which its worker writes just after storing the failure.
+    ended_grace = 5.0
 
     def __init__(self, app: App, task_file: TaskFile, sink: Sink, settings: RunSettings, slots: int,
                  on_record: Callable[[Record], None] = lambda record: None,
@@ -75,6 +80,7 @@ class Driver:
         self._sunk_ok: set[str] = set()                  # ids whose success is in the sink, their chunk not ended
         self._last_checkpoint = 0.0
         self._last_poll = 0.0
+        self._ended_at: dict[str, float] = {}            # chunk id -> when it was first seen ended with ids awaited
 
     def key(self, part: str) -> str:
         return keys.run(self.settings.run_id, part)
@@ -248,12 +254,29 @@ class Driver:
             if state in (states.RETRY, states.FAILURE):
                 self.quarantine.observe(chunk_id)
         self._forget_successes(ended)
+        self._give_up_on_ended([i for i, state in zip(ids, chunk_states) if state in states.READY_STATES
+                                and any(item in self.waiting for item in self.chunks.get(i, ()))])
         unstarted = {i for i, state in zip(ids, chunk_states) if state is None and i in self.chunks}
         for chunk_id in self.lost_chunks.lost(unstarted):
             ids_left = [i for i in self.chunks.pop(chunk_id) if i in self.waiting]
             items = [item for item in self._items.pop(chunk_id, []) if item["id"] in ids_left]
             if items:
                 self._dispatch(items)
+
+    def _give_up_on_ended(self, chunk_ids: list[str]) -> None:
+        """Chunks that ended with items still awaited, nothing left to collect, for ``ended_grace``
+        seconds: no record of those items will come (one in Redis did not decode and was skipped,
+        or the process that ended the chunk died before writing the failure records). Each is
+        recorded lost, so the run ends and ``--resume`` runs it again."""
+        now = time.monotonic()
+        self._ended_at = {c: self._ended_at.get(c, now) for c in chunk_ids}
+        due = [c for c, at in self._ended_at.items() if now - at >= self.ended_grace]
+        if not due or self.client.llen(self.key("ready")):
+            return
+        lines = [encode(Failure(i, LOST, "RecordUnreadable", f"chunk {c} ended, but no readable record of this "
+                                "item reached the driver (see its log); --resume runs it again", chunk=c))
+                 for c in due for i in self.chunks[c] if i in self.waiting]
+        self.write(lines)
 
     def _forget_successes(self, ids: list[str]) -> None:
         """Ended chunks' successes leave the result cache in one HDEL: the sink has them and no
