@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import json
 import os
 import secrets
@@ -18,6 +19,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -25,18 +27,43 @@ import redis
 from sluice.errors import BrokerUnavailable, DataDirInUse
 
 
-def die_with_parent() -> None:
-    """``preexec_fn`` for children that must not outlive the process that started them (Linux)."""
+#: prctl(2)'s option that asks the kernel for a signal when the parent dies.
+PR_SET_PDEATHSIG = 1
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up here in the parent: a forked child must not load libraries (the
+    loader's lock may be held by a thread that did not fork). None where there is none (not Linux)."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: the child outlives a killed parent until stopped by hand
-        pass
+        return getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    except OSError:
+        return None
 
 
-def private_umask() -> None:
+_PRCTL = _prctl()
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """``preexec_fn`` for children that must not outlive the process that started them: the kernel
+    SIGKILLs the child when its parent dies, however it dies (SIGKILL included), and the child
+    needs no code of its own for it (redis-server and Flower have none). Chosen over a watcher
+    of the parent's pid, which would be one more process or thread to die, poll late, or meet a
+    reused pid. The signal follows the parent *thread* that forked: spawn from a thread that
+    lives as long as the process (the main thread). ``parent``, the spawner's pid read before
+    the fork, closes the race of a parent killed before this call: the child exits at once
+    rather than live on unwatched. Not Linux: the child outlives a killed parent."""
+    if _PRCTL is None:
+        return
+    parent = os.getppid() if parent is None else parent
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def private_umask(parent: int | None = None) -> None:
     """``preexec_fn`` for children that write data: every file they create is the user's alone."""
     os.umask(0o077)
-    die_with_parent()
+    die_with_parent(parent)
 
 
 def private_dir(path: Path) -> Path:
@@ -145,7 +172,7 @@ class EmbeddedRedis:
              "--appendonly", "yes", "--dir", str(self.data_dir), "--save", "", "--maxmemory-policy", "noeviction",
              "--daemonize", "no"],
             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=private_umask)
+            preexec_fn=functools.partial(private_umask, os.getpid()))
         os.close(log)
         assert self.process.stdin is not None
         self.process.stdin.write(f"requirepass {self.password}\n".encode())  # the config "-" reads from stdin

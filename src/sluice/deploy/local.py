@@ -2,10 +2,14 @@
 
 It is the same topology as the Kubernetes deployment and docker-compose.yml, run as child
 processes of one command that stops them all cleanly (warm shutdown first) on Ctrl-C or SIGTERM.
+Whatever else ends that command (SIGKILL, a crash), its children die with it
+(:func:`~sluice.deploy.embedded.die_with_parent`): its Redis is gone, so workers left behind
+could only wait for it, and a second ``sluice up`` would find them in its way.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -18,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sluice.config import Settings, embedded_state_path
-from sluice.deploy.embedded import EmbeddedRedis, free_port, private_dir, private_log
+from sluice.deploy.embedded import EmbeddedRedis, die_with_parent, free_port, private_dir, private_log
 from sluice.queues.catalog import ResourceClass
 from sluice.workers.gpu import gpu_count
 
@@ -117,7 +121,8 @@ class LocalCluster:
         out = private_log(log_path)
         try:
             return subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
-                                    env=os.environ | self.env() | env, start_new_session=True)
+                                    env=os.environ | self.env() | env, start_new_session=True,
+                                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
         finally:
             os.close(out)
 

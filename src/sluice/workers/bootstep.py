@@ -12,11 +12,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps, signals
 from celery.worker import state
 
 from sluice.errors import GpuUnavailable
@@ -30,6 +31,10 @@ from sluice.workers.reaper import OrphanReaper
 from sluice.workers.watchdog import MemoryWatchdog, Watched
 
 log = logging.getLogger("sluice.worker")
+
+#: How long a stopping worker waits for its threads' last writes (the heartbeat key's removal):
+#: with Redis unreachable they would wait out the outage; the worker exits without them.
+STOP_WAIT = 2.0
 
 
 class SluiceWorkerStep(bootsteps.StartStopStep):
@@ -84,13 +89,40 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
         ]
         for thread in self.threads:
             thread.start()
+        signals.worker_shutdown.connect(self._drained, sender=worker, weak=False)
         log.info("sluice worker %s serving %s with %d slot(s); memory watchdog every %.0f ms",
                  worker.hostname, ", ".join(rc.describe() for rc in self.classes) or ", ".join(self.queues),
                  worker.concurrency, self.app.settings.watchdog_interval * 1000)
 
     def stop(self, worker: Any) -> None:
+        """Warm shutdown. Celery stops this step before the pool, whose own stop waits for the
+        running tasks: only the reaper stops here. The heartbeat and the watchdog go on until those
+        tasks end (a worker without a heartbeat is dead to its peers' reapers, which would put its
+        running tasks back to run again; a task stays held to its memory limit), and stop on
+        ``worker_shutdown``, which Celery sends once the pool has drained."""
         for thread in self.threads:
+            if isinstance(thread, OrphanReaper):
+                thread.stop()  # not waited for: a sweep has no last write to make
+
+    def terminate(self, worker: Any) -> None:
+        """Cold shutdown: the running tasks are being killed, so everything stops now."""
+        signals.worker_shutdown.disconnect(self._drained, sender=worker)
+        self._stop(*self.threads)
+
+    def _drained(self, sender: Any = None, **_: Any) -> None:
+        """``worker_shutdown``: the warm shutdown is done, no task runs, the rest can stop."""
+        signals.worker_shutdown.disconnect(self._drained, sender=sender)
+        self._stop(*self.threads)
+
+    @staticmethod
+    def _stop(*threads: MemoryWatchdog | Heartbeat | OrphanReaper) -> None:
+        """Stop ``threads``, giving their last writes STOP_WAIT seconds in all, never more: a
+        worker told to stop exits whether or not Redis answers."""
+        for thread in threads:
             thread.stop()
+        deadline = time.monotonic() + STOP_WAIT
+        for thread in threads:
+            thread.stop(wait=max(0.0, deadline - time.monotonic()))
 
     @staticmethod
     def _pool_process_died(worker: Any) -> None:

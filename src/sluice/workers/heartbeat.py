@@ -83,9 +83,11 @@ class Heartbeat(Periodic):
         pipe.execute()
         self._beats += 1
 
-    def stop(self) -> None:
-        """Stop beating and remove the key, so the worker is offline at once, not after the TTL."""
-        super().stop()
+    def finish(self) -> None:
+        """Once stopped, remove the key, so the worker is offline at once, not after the TTL. On
+        this thread, after the last beat: no beat in flight can write the key again, and with
+        Redis unreachable the worker exits without it (the key expires, and peers' reapers
+        put back what it held, as for a worker that died)."""
         try:
             self.client.delete(self.key)
         except redis.RedisError:
