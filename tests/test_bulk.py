@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from sluice import App
-from sluice.client.bulk import BulkResult
+from sluice.tasks.bulk import BulkResult
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import ConfigurationError, SubmitInterrupted
 from tests.conftest import Workers

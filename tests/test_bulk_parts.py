@@ -11,7 +11,7 @@ from celery.utils.saferepr import saferepr
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from sluice.client.bulk import BulkResult, args_repr
+from sluice.tasks.bulk import BulkResult, args_repr
 from sluice.ids import new_id
 
 scalars = st.one_of(st.integers(), st.floats(), st.booleans(), st.none(), st.text(max_size=40),

@@ -16,8 +16,8 @@ from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.errors import ConfigurationError
 from sluice.headers import Headers
+from sluice.tasks.heartbeat import WorkerBeat
 from sluice.tasks.retry import RetryOn, RetryPolicy
-from sluice.workers.heartbeat import WorkerBeat
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "sluice"
 

@@ -38,7 +38,7 @@ from sluice.deploy.embedded import EmbeddedRedis, free_port
 from sluice.deploy.metrics import ClassMetrics, TaskMetrics
 from sluice.queues import dead_letters, status, task_catalog
 from sluice.tasks import history, memory_profile
-from sluice.workers.heartbeat import WorkerBeat, read_heartbeats
+from sluice.tasks.heartbeat import WorkerBeat, read_heartbeats
 from sluice.workers.reaper import OrphanReaper
 from tests.conftest import ROOT, Workers, wait_for
 

@@ -1,23 +1,22 @@
-"""Worker heartbeat: a Redis key per worker, refreshed every few seconds, gone when it dies.
+"""The heartbeat payload and its readers: a Redis key per worker, refreshed every few seconds.
 
-``sluice status``, the autoscaler, the delivery ledger, health probes and remote-call routing
-read these keys: which workers are online, which classes they serve, how many slots they have
-and what they are running right now. :class:`WorkerBeat` is the payload, encoded and decoded
-only here; capabilities add their own fields (``extra``) and decode them themselves.
+Workers write it (:mod:`sluice.workers.heartbeat`); ``sluice status``, the autoscaler, the
+delivery ledger, health probes and remote-call routing read it: which workers are online, which
+classes they serve, how many slots they have and what they are running right now. A format both
+sides read, so it lives here: :class:`WorkerBeat` is encoded and decoded only here; capabilities
+add their own fields (``extra``) and decode them themselves.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import redis
 
 from sluice import entries, keys
-from sluice.workers.periodic import Periodic
 
 
 @dataclass(frozen=True)
@@ -52,46 +51,6 @@ class WorkerBeat:
             if f.name in data and f.name != "extra":
                 core[f.name] = _typed(f.name, data[f.name], cls.__dataclass_fields__[f.name].default)
         return cls(**core, extra={k: v for k, v in data.items() if k not in core})
-
-
-class Heartbeat(Periodic):
-    """Writes ``payload()`` to the worker's heartbeat key every ``interval`` seconds.
-
-    The key lives ``TTL_BEATS`` intervals, so a worker is taken for dead after missing that many.
-    """
-
-    TTL_BEATS = 5
-    tick_first = True
-
-    def __init__(self, client: redis.Redis, hostname: str, payload: Callable[[], WorkerBeat],
-                 interval: float = 2.0, also: Callable[[Any], None] | None = None, also_every: int = 15) -> None:
-        """``also(pipeline)`` adds writes to the first beat and every ``also_every``-th after it
-        (the task catalog), in the same round trip."""
-        super().__init__("sluice-heartbeat", interval)
-        self.client = client
-        self.key = keys.worker_heartbeat(hostname)
-        self.payload = payload
-        self.also, self.also_every = also, also_every
-        self._beats = 0
-
-    def tick(self) -> None:
-        body = replace(self.payload(), ts=time.time()).encode()
-        pipe = self.client.pipeline(transaction=False)
-        pipe.set(self.key, body, px=int(self.interval * self.TTL_BEATS * 1000))
-        if self.also is not None and self._beats % self.also_every == 0:
-            self.also(pipe)
-        pipe.execute()
-        self._beats += 1
-
-    def finish(self) -> None:
-        """Once stopped, remove the key, so the worker is offline at once, not after the TTL. On
-        this thread, after the last beat: no beat in flight can write the key again, and with
-        Redis unreachable the worker exits without it (the key expires, and peers' reapers
-        put back what it held, as for a worker that died)."""
-        try:
-            self.client.delete(self.key)
-        except redis.RedisError:
-            pass
 
 
 def read_heartbeat(client: redis.Redis, hostname: str) -> WorkerBeat | None:

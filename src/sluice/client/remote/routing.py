@@ -13,7 +13,7 @@ from celery.utils.nodenames import worker_direct
 from sluice.client.remote.settings import check_classes, remote_settings
 from sluice.compute import Compute
 from sluice.queues.catalog import Catalog, ResourceClass
-from sluice.workers.heartbeat import WorkerBeat, read_heartbeats
+from sluice.tasks.heartbeat import WorkerBeat, read_heartbeats
 
 if TYPE_CHECKING:
     from sluice.app import App
