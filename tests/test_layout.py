@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from sluice.client.batch.records import ID_PREFIX, Failure, Ready, decode, encode
-from sluice.client.remote.settings import RemoteSettings
 from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.errors import ConfigurationError
 from sluice.headers import Headers
 from sluice.tasks.heartbeat import WorkerBeat
+from sluice.tasks.remote.settings import RemoteSettings
 from sluice.tasks.retry import RetryOn, RetryPolicy
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "sluice"

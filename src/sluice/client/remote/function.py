@@ -23,21 +23,16 @@ from celery.result import AsyncResult
 
 from sluice import keys
 from sluice.app import App
-from sluice.client.remote.packages import environment_key, normalize_packages
 from sluice.client.remote.routing import choose_target
-from sluice.client.remote.serialization import (
-    import_hints,
-    loads,
-    pack_call,
-    python_version,
-)
-from sluice.client.remote.settings import remote_settings
+from sluice.client.remote.serialization import import_hints, loads, pack_call
 from sluice.compute import Compute
 from sluice.errors import CallTimeout, ConfigurationError, RemoteError
 from sluice.headers import Headers
 from sluice.signing import decode, encode, seal, unseal
+from sluice.tasks.remote.call import REMOTE_TASK, python_version
+from sluice.tasks.remote.packages import environment_key, normalize_packages
+from sluice.tasks.remote.settings import remote_settings
 from sluice.units import format_size, parse_size
-from sluice.workers.remote.call_task import REMOTE_TASK
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -27,12 +27,12 @@ from sluice.client.remote.function import (
     open_reply,
     source_file,
 )
-from sluice.client.remote.packages import normalize_packages
 from sluice.client.remote.serialization import loads, pack_call
-from sluice.client.remote.settings import remote_settings
 from sluice.errors import ConfigurationError, MemoryKilled, SandboxCrashed, TaskFailed
 from sluice.signing import decode, encode, seal, unseal
-from sluice.workers.remote.call_task import SESSION_TASK
+from sluice.tasks.remote.call import SESSION_TASK
+from sluice.tasks.remote.packages import normalize_packages
+from sluice.tasks.remote.settings import remote_settings
 
 #: Seconds a session outlives its client's last sign of life.
 LEASE_SECONDS = 10.0

@@ -18,17 +18,18 @@ from typing import Any
 
 import psutil
 from celery.exceptions import Retry
+from celery.utils.nodenames import worker_direct
 
 from sluice import keys
-from sluice.client.remote.packages import normalize_packages, plan_install
-from sluice.client.remote.routing import accepts_remote, remote_class
-from sluice.client.remote.serialization import python_version
-from sluice.client.remote.settings import RemoteSettings, remote_settings
 from sluice.compute import Compute
 from sluice.errors import InvalidRequestError, MemoryExhausted, SandboxDied
 from sluice.headers import Headers
 from sluice.signing import decode, encode, seal, unseal
 from sluice.tasks.escalation import Attempt
+from sluice.tasks.remote.call import python_version
+from sluice.tasks.remote.classes import remote_catalog, remote_class
+from sluice.tasks.remote.packages import normalize_packages, plan_install
+from sluice.tasks.remote.settings import RemoteSettings, remote_settings
 from sluice.units import format_size
 from sluice.workers.gpu import gpu_memory
 from sluice.workers.remote.package_envs import EnvironmentCache, base_distributions
@@ -36,8 +37,6 @@ from sluice.workers.remote.sandbox import Sandbox, forget_template
 
 log = logging.getLogger("sluice.remote")
 
-REMOTE_TASK = "sluice.remote.call"
-SESSION_TASK = "sluice.remote.session"
 OUTPUT_TTL = 3600
 #: Kept free between a sandbox's ceiling and the slot, so the sandbox monitor acts before the
 #: worker's watchdog would kill the whole pool process (which measures the two together).
@@ -62,6 +61,18 @@ class CallOutput:
         """The lines so far, forgetting them (a session replies with each call's own lines)."""
         lines, self.lines = self.lines, []
         return lines
+
+
+def accepts_remote(app: Any, routing_key: str, hostname: str | None) -> bool:
+    """Whether a message delivered on ``routing_key`` may run a remote call on this worker: a
+    remote class's queue, or this worker's own direct queue when it serves a remote class."""
+    catalog = remote_catalog(app)
+    if routing_key in catalog:
+        return True
+    if hostname and routing_key == worker_direct(hostname).name:
+        consumed = app.amqp.queues.consume_from or {}
+        return any(name in catalog for name in consumed)
+    return False
 
 
 def check_call(app: Any, request: Any, call: object) -> dict[str, Any]:
