@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sluice.client.batch.records import ID_PREFIX, Failure, Ready, decode, encode
 from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.errors import ConfigurationError
 from sluice.headers import Headers
+from sluice.tasks.batch.records import ID_PREFIX, Failure, Ready, decode, encode
 from sluice.tasks.heartbeat import WorkerBeat
 from sluice.tasks.remote.settings import RemoteSettings
 from sluice.tasks.retry import RetryOn, RetryPolicy

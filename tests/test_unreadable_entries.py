@@ -303,9 +303,9 @@ def test_a_batch_record_that_does_not_decode_ends_as_a_lost_item_not_a_run_that_
     from sluice import App
     from sluice.client.batch.driver import Driver
     from sluice.client.batch.progress import RunSettings
-    from sluice.client.batch.records import LOST, Failure, Ready, encode
     from sluice.client.batch.sink import Sink
-    from sluice.client.batch.taskfile import TaskFile
+    from sluice.tasks.batch.records import LOST, Failure, Ready, encode
+    from sluice.tasks.batch.taskfile import TaskFile
 
     app = App("tests.unreadable.batch")
     task_file = TaskFile.from_source("t.py", "def plan():\n    yield {'id': 'a'}\n\ndef execute(item):\n    return {}\n", [])

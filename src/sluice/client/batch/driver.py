@@ -29,7 +29,11 @@ from sluice.client.batch.progress import (
     RunSettings,
 )
 from sluice.client.batch.quarantine import Quarantine
-from sluice.client.batch.records import (
+from sluice.client.batch.sink import Sink
+from sluice.compute import Compute
+from sluice.headers import Headers
+from sluice.tasks.batch import RUN_CHUNK_TASK
+from sluice.tasks.batch.records import (
     CANCELLED,
     FAILED,
     LOST,
@@ -39,12 +43,8 @@ from sluice.client.batch.records import (
     decode,
     encode,
 )
-from sluice.client.batch.sink import Sink
-from sluice.client.batch.taskfile import TaskFile
-from sluice.compute import Compute
-from sluice.headers import Headers
+from sluice.tasks.batch.taskfile import TaskFile
 from sluice.tasks.retry import RetryOn, RetryPolicy
-from sluice.workers.batch.chunk_task import RUN_CHUNK_TASK
 
 
 class Driver:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from sluice.client.batch.records import Failure, encode
+from sluice.tasks.batch.records import Failure, encode
 
 if TYPE_CHECKING:
     from sluice.client.batch.driver import Driver

@@ -20,7 +20,7 @@ from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE
 
 from sluice import entries
 from sluice._kombu import RedisLayout, task_args
-from sluice.client.batch.records import FAILED, RERUN, Failure, decode
+from sluice.tasks.batch.records import FAILED, RERUN, Failure, decode
 
 if TYPE_CHECKING:
     from sluice.client.batch.driver import Driver

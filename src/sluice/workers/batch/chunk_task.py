@@ -14,11 +14,11 @@ import time
 from typing import Any
 
 from sluice import keys
-from sluice.client.batch.records import Failure, encode, execute_item
-from sluice.client.batch.taskfile import TaskFile
 from sluice.headers import attempt_of
+from sluice.tasks.batch import RUN_CHUNK_TASK
+from sluice.tasks.batch.records import Failure, encode, execute_item
+from sluice.tasks.batch.taskfile import TaskFile
 
-RUN_CHUNK_TASK = "sluice.compute.run_chunk"
 FLUSH_SECONDS = 0.05
 _task_files: dict[str, TaskFile] = {}
 
