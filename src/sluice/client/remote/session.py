@@ -29,6 +29,7 @@ from sluice.client.remote.function import (
 )
 from sluice.client.remote.serialization import loads, pack_call
 from sluice.errors import ConfigurationError, MemoryKilled, SandboxCrashed, TaskFailed
+from sluice.keys import SessionPart
 from sluice.signing import decode, encode, seal, unseal
 from sluice.tasks.remote.call import SESSION_TASK
 from sluice.tasks.remote.packages import normalize_packages
@@ -73,7 +74,7 @@ class Session:
             function = function.function
         number = next(self._numbers)
         message = seal(self.app.settings.signing_secret(), {"n": number, "payload": encode(pack_call(function, args, kwargs))})
-        self.app.redis.rpush(keys.session(self.id, "calls"), json.dumps(message))
+        self.app.redis.rpush(keys.session(self.id, SessionPart.CALLS), json.dumps(message))
         reply = self._reply(number)
         self.output, self.limits = list(reply["output"]), list(reply["limits"])
         if reply.get("error"):
@@ -83,7 +84,7 @@ class Session:
     def _reply(self, number: int) -> dict[str, Any]:
         secret = self.app.settings.signing_secret()
         while True:
-            item = self.app.redis.blpop([keys.session(self.id, "replies")], timeout=0.5)
+            item = self.app.redis.blpop([keys.session(self.id, SessionPart.REPLIES)], timeout=0.5)
             if item is not None:
                 reply = unseal(secret, json.loads(item[1]), f"the session {self.id} reply")
                 if reply["n"] == number:
@@ -96,16 +97,17 @@ class Session:
     def close(self) -> None:
         self._stop.set()
         client = self.app.redis
-        client.rpush(keys.session(self.id, "calls"), json.dumps(seal(self.app.settings.signing_secret(), {"close": True})))
-        client.delete(keys.session(self.id, "lease"))
+        client.rpush(keys.session(self.id, SessionPart.CALLS),
+                     json.dumps(seal(self.app.settings.signing_secret(), {"close": True})))
+        client.delete(keys.session(self.id, SessionPart.LEASE))
         try:
             self.handle.result.get(timeout=10)
         except Exception:  # noqa: BLE001 - closing must not mask the block's own outcome
             pass
-        client.delete(keys.session(self.id, "calls"), keys.session(self.id, "replies"))
+        client.delete(keys.session(self.id, SessionPart.CALLS), keys.session(self.id, SessionPart.REPLIES))
 
     def _renew(self) -> None:
-        self.app.redis.set(keys.session(self.id, "lease"), "1", px=int(self.lease * 1000))
+        self.app.redis.set(keys.session(self.id, SessionPart.LEASE), "1", px=int(self.lease * 1000))
 
     def _keep_alive(self) -> None:
         while not self._stop.wait(self.lease / 3):

@@ -24,6 +24,7 @@ from sluice import keys
 from sluice.compute import Compute
 from sluice.errors import InvalidRequestError, MemoryExhausted, SandboxDied
 from sluice.headers import Headers
+from sluice.keys import SessionPart
 from sluice.signing import decode, encode, seal, unseal
 from sluice.tasks.escalation import Attempt
 from sluice.tasks.remote.call import python_version
@@ -181,7 +182,8 @@ def run_session(task: Any, call: dict[str, Any]) -> dict[str, Any]:
     app, request, settings = task.app, task.request, remote_settings(task.app)
     fields = check_call(app, request, call)
     secret, session = app.settings.signing_secret(), str(fields["session"])
-    calls, replies, lease = (keys.session(session, part) for part in ("calls", "replies", "lease"))
+    calls, replies, lease = (keys.session(session, part) for part in (SessionPart.CALLS, SessionPart.REPLIES,
+                                                                         SessionPart.LEASE))
     output = CallOutput(app.redis, keys.remote_output(request.id), False)
     served = 0
     with prepared(task, fields, output) as (env, room), sandbox(env, room.start, room, settings, output) as box:
