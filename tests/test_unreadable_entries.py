@@ -39,6 +39,7 @@ from sluice.deploy.metrics import ClassMetrics, TaskMetrics
 from sluice.queues import dead_letters, status, task_catalog
 from sluice.tasks import history, memory_profile
 from sluice.tasks.heartbeat import WorkerBeat, read_heartbeats
+from sluice.tasks.retry import AttemptRecord, Reason
 from sluice.workers.reaper import OrphanReaper
 from tests.conftest import ROOT, Workers, wait_for
 
@@ -241,9 +242,9 @@ def test_every_reader_of_sluices_redis_structures_reads_the_rest_past_one_bad_en
     pipe.execute()
     client.hset(keys.memory_profile("good.task"), b"x" + _bad(how, b"b10"), _bad(how, b"3"))
     client.zadd(keys.MEMORY_PEAKS, {b"x" + _bad(how, b"good.task"): 1})
-    record = {"attempt": 1, "reason": "worker lost"}
+    record = AttemptRecord(1, "cpu", Compute(memory="1Gi"), Reason.WORKER_LOST, "died", "good@host")
     history.append(client, "good-id", record)
-    client.rpush(keys.attempts("good-id"), _bad(how, json.dumps(record).encode()))
+    client.rpush(keys.attempts("good-id"), _bad(how, json.dumps(record.encode()).encode()))
 
     letter = _kombu.DeadLetter("planted", "cpu", time.time(), waiting_raw)
     _kombu.dead_letter(client, LAYOUT, letter)
