@@ -1,7 +1,11 @@
 """The layout's import rules (DESIGN.md, "Layout"), read from the source with ``ast``: no cycle
 among module-level imports and none hidden in a function, the two sides never import each other,
 ``tasks/`` imports no side, only ``cli/`` imports ``cli/``, only ``queues/broker/`` imports kombu
-and one module registers Lua scripts. Nothing is imported: the rules hold for the text."""
+and one module registers Lua scripts. Nothing is imported: the rules hold for the text.
+
+Cycles are read from module-level imports (those that run when a module is imported; not in a
+function, not under ``if TYPE_CHECKING:``); the rules of who may import whom count every import,
+wherever it is written."""
 
 from __future__ import annotations
 
@@ -57,15 +61,11 @@ def _statements(body: list[ast.stmt], in_function: bool, type_checking: bool
         elif isinstance(node, ast.If) and _is_type_checking(node.test):
             yield from _statements(node.body, in_function, True)
             yield from _statements(node.orelse, in_function, type_checking)
-        else:
-            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-                children = getattr(node, field, None)
-                if isinstance(children, list):
-                    yield from _statements([c for c in children if isinstance(c, ast.stmt)], in_function,
-                                           type_checking)
-                    for handler in children:
-                        if isinstance(handler, (ast.ExceptHandler, ast.match_case)):
-                            yield from _statements(handler.body, in_function, type_checking)
+        else:  # blocks that run when their statement does: if, try, with, for, while, match, class
+            for field in ("body", "orelse", "finalbody"):
+                yield from _statements(getattr(node, field, []), in_function, type_checking)
+            for clause in [*getattr(node, "handlers", []), *getattr(node, "cases", [])]:
+                yield from _statements(clause.body, in_function, type_checking)
 
 
 def _targets(importer: str, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
@@ -158,8 +158,8 @@ def _cycles(graph: dict[str, dict[str, Import]]) -> list[list[str]]:
 
 def _describe(component: list[str], graph: dict[str, dict[str, Import]]) -> str:
     members = set(component)
-    edges = [str(imp) for m in component for target, imp in graph[m].items() if target in members]
-    return f"{len(component)} modules: " + "; ".join(edges)
+    edges = [imp for m in component for target, imp in graph[m].items() if target in members]
+    return f"{len(component)} modules: " + _listing(edges).replace("\n", "; ")
 
 
 def _in(module: str, package: str) -> bool:
