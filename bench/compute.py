@@ -82,7 +82,7 @@ def celery_group_run(items: int, home: Path) -> float:
 def resume_skip(ids: int, home: Path) -> float:
     """Read a sink of ``ids`` done ids and skip a plan of the same ids (what --resume does first)."""
     from sluice.client.batch.sink import Sink
-    from sluice.client.batch.taskfile import TaskFile
+    from sluice.tasks.batch.taskfile import TaskFile
 
     sink_dir = home / "resume"
     sink_dir.mkdir()

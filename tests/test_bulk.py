@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from sluice import App
-from sluice.client.bulk import BulkResult
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import ConfigurationError, SubmitInterrupted
+from sluice.tasks.bulk import BulkResult
 from tests.conftest import Workers
 
 pytestmark = pytest.mark.integration

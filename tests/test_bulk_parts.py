@@ -11,8 +11,8 @@ from celery.utils.saferepr import saferepr
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from sluice.client.bulk import BulkResult, args_repr
 from sluice.ids import new_id
+from sluice.tasks.bulk import BulkResult, args_repr
 
 scalars = st.one_of(st.integers(), st.floats(), st.booleans(), st.none(), st.text(max_size=40),
                     st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=40),

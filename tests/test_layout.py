@@ -10,14 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from sluice.client.batch.records import ID_PREFIX, Failure, Ready, decode, encode
-from sluice.client.remote.settings import RemoteSettings
 from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.errors import ConfigurationError
 from sluice.headers import Headers
-from sluice.tasks.retry import RetryOn, RetryPolicy
-from sluice.workers.heartbeat import WorkerBeat
+from sluice.tasks.batch.records import ID_PREFIX, Failure, Ready, decode, encode
+from sluice.tasks.heartbeat import WorkerBeat
+from sluice.tasks.memory_kill import MemoryKill
+from sluice.tasks.remote.call import Call, Reply
+from sluice.tasks.remote.session import SessionCall, SessionReply
+from sluice.tasks.remote.settings import RemoteSettings
+from sluice.tasks.retry import AttemptRecord, Reason, RetryOn, RetryPolicy
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "sluice"
 
@@ -122,3 +125,39 @@ def test_no_module_is_over_400_lines() -> None:
     """The house rule: a file past ~400 lines is two files."""
     long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
     assert not long
+
+
+def test_memory_kill_record_round_trips_and_says_why() -> None:
+    """The watchdog's record decodes to what was encoded; its stored message names the sizes."""
+    kill = MemoryKill("t-1", "etl.join", 300 << 20, 200 << 20, "cpu", "w@h", 42, 1.5)
+    wire = json.loads(kill.encode())
+    assert wire["limit"] == 200 << 20 and "killed for memory" in wire["message"]
+    assert MemoryKill.decode(kill.encode()) == kill
+    with pytest.raises(TypeError):
+        MemoryKill.decode("[]")
+
+
+def test_attempt_record_round_trips_through_json() -> None:
+    """An attempt record is what callers read after JSON (AttemptFailed.history, sluice.attempts())."""
+    record = AttemptRecord(2, "highmem", Compute(memory="16Gi"), Reason.WORKER_LOST, "died", "w@h")
+    wire = json.loads(json.dumps(record.encode()))
+    assert wire == {"attempt": 2, "queue": "highmem", "compute": {"memory": "16Gi"}, "reason": "worker lost",
+                    "detail": "died", "worker": "w@h"}
+    assert AttemptRecord.decode(wire) == record
+    missing_queue = {k: v for k, v in wire.items() if k != "queue"}
+    for bad in ([], {**wire, "attempt": True}, {**wire, "reason": "bored"}, missing_queue):
+        with pytest.raises((TypeError, ValueError, KeyError)):
+            AttemptRecord.decode(bad)
+
+
+def test_remote_messages_round_trip_through_json() -> None:
+    """A call, its reply and a session's messages decode to what was encoded, after JSON."""
+    call = Call("m.f", "3.11", ("numpy",), 1 << 30, b"\x80pickled", ("numpy",), 2 << 30, True, 1 << 30, None, True)
+    opening = Call("session s1", "3.11", (), 1 << 30, b"", session="s1", lease=10.0)
+    messages = [call, opening, Reply(b"\x80value", ["line"], [1 << 30, 2 << 30], 2, "w@h"),
+                SessionCall(3, b"\x80call"), SessionCall(close=True),
+                SessionReply(3, "w@h", ["out"], [1 << 30], payload=b"\x80value"),
+                SessionReply(4, "w@h", [], [1 << 30], error="the sandbox died", memory=True)]
+    for message in messages:
+        assert type(message).decode(json.loads(json.dumps(message.encode()))) == message
+    assert "session" not in call.encode() and call.encode()["protocol"] == 1

@@ -22,7 +22,6 @@ from celery.utils.nodenames import worker_direct
 
 import sluice
 from sluice import App, Settings, headers
-from sluice.client.remote.packages import environment_key
 from sluice.errors import (
     ConfigurationError,
     InvalidRequestError,
@@ -32,7 +31,8 @@ from sluice.errors import (
     SerializationError,
 )
 from sluice.signing import seal
-from sluice.workers.remote.call_task import REMOTE_TASK
+from sluice.tasks.remote.call import REMOTE_TASK
+from sluice.tasks.remote.packages import environment_key
 from tests.conftest import ROOT, Workers, wait_for
 from tests.wheels import build_wheel
 

@@ -18,13 +18,7 @@ import numpy as np
 import pytest
 
 import sluice
-from sluice.client.remote.packages import (
-    environment_key,
-    normalize_packages,
-    plan_install,
-)
 from sluice.client.remote.serialization import dumps, import_hints, pack_call
-from sluice.client.remote.settings import RemoteSettings
 from sluice.errors import (
     ConfigurationError,
     InvalidPackageError,
@@ -32,6 +26,12 @@ from sluice.errors import (
     SerializationError,
 )
 from sluice.signing import decode, encode, seal, unseal
+from sluice.tasks.remote.packages import (
+    environment_key,
+    normalize_packages,
+    plan_install,
+)
+from sluice.tasks.remote.settings import RemoteSettings
 from sluice.workers.remote.package_envs import READY, EnvironmentCache
 
 Gi, Mi = 1 << 30, 1 << 20

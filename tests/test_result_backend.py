@@ -14,7 +14,7 @@ from celery.app.task import Context
 
 from sluice import keys
 from sluice.tasks.base import CLAIMED
-from sluice.workers.ledger import Claim
+from sluice.tasks.ledger import Claim
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from sluice import (
     Transient,
 )
 from sluice.errors import ConfigurationError, NoQueueFits
-from sluice.tasks.retry import Reason, attempt_record, classify, decide, summarize
+from sluice.tasks.retry import AttemptRecord, Reason, classify, decide, summarize
 
 Gi = 1 << 30
 POLICY = RetryPolicy(max_retries=3, retry_on=RetryOn.TRANSIENT, escalate=ComputeEscalation(factor=2.0, max_memory="64Gi"))
@@ -122,7 +122,7 @@ def test_a_valid_policy_is_kept_on_the_task(app: App) -> None:
 
 
 def test_summary_lists_every_attempt() -> None:
-    history = [attempt_record(1, "cpu", Compute(memory="8Gi"), Reason.MEMORY, "x", "w1"),
-               attempt_record(2, "highmem", Compute(memory="16Gi"), Reason.MEMORY, "x", "w2")]
+    history = [AttemptRecord(1, "cpu", Compute(memory="8Gi"), Reason.MEMORY, "x", "w1"),
+               AttemptRecord(2, "highmem", Compute(memory="16Gi"), Reason.MEMORY, "x", "w2")]
     assert summarize("etl.join", history) == (
         "etl.join failed after 2 attempt(s): killed for memory at 8Gi on cpu, killed for memory at 16Gi on highmem")

@@ -18,11 +18,11 @@ from celery import Celery
 
 from sluice import _kombu, keys
 from sluice.assets.step_task import RUN_STEP_TASK, step_signature
-from sluice.client.batch.records import Failure, decode
-from sluice.client.batch.taskfile import TaskFile
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import InvalidRequestError
-from sluice.workers.batch.chunk_task import RUN_CHUNK_TASK
+from sluice.tasks.batch import RUN_CHUNK_TASK
+from sluice.tasks.batch.records import Failure, decode
+from sluice.tasks.batch.taskfile import TaskFile
 from tests.conftest import Workers, wait_for
 from tests.test_batch import EXAMPLE, compute, lines
 

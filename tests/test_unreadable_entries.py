@@ -38,7 +38,8 @@ from sluice.deploy.embedded import EmbeddedRedis, free_port
 from sluice.deploy.metrics import ClassMetrics, TaskMetrics
 from sluice.queues import dead_letters, status, task_catalog
 from sluice.tasks import history, memory_profile
-from sluice.workers.heartbeat import WorkerBeat, read_heartbeats
+from sluice.tasks.heartbeat import WorkerBeat, read_heartbeats
+from sluice.tasks.retry import AttemptRecord, Reason
 from sluice.workers.reaper import OrphanReaper
 from tests.conftest import ROOT, Workers, wait_for
 
@@ -241,9 +242,9 @@ def test_every_reader_of_sluices_redis_structures_reads_the_rest_past_one_bad_en
     pipe.execute()
     client.hset(keys.memory_profile("good.task"), b"x" + _bad(how, b"b10"), _bad(how, b"3"))
     client.zadd(keys.MEMORY_PEAKS, {b"x" + _bad(how, b"good.task"): 1})
-    record = {"attempt": 1, "reason": "worker lost"}
+    record = AttemptRecord(1, "cpu", Compute(memory="1Gi"), Reason.WORKER_LOST, "died", "good@host")
     history.append(client, "good-id", record)
-    client.rpush(keys.attempts("good-id"), _bad(how, json.dumps(record).encode()))
+    client.rpush(keys.attempts("good-id"), _bad(how, json.dumps(record.encode()).encode()))
 
     letter = _kombu.DeadLetter("planted", "cpu", time.time(), waiting_raw)
     _kombu.dead_letter(client, LAYOUT, letter)
@@ -303,9 +304,9 @@ def test_a_batch_record_that_does_not_decode_ends_as_a_lost_item_not_a_run_that_
     from sluice import App
     from sluice.client.batch.driver import Driver
     from sluice.client.batch.progress import RunSettings
-    from sluice.client.batch.records import LOST, Failure, Ready, encode
     from sluice.client.batch.sink import Sink
-    from sluice.client.batch.taskfile import TaskFile
+    from sluice.tasks.batch.records import LOST, Failure, Ready, encode
+    from sluice.tasks.batch.taskfile import TaskFile
 
     app = App("tests.unreadable.batch")
     task_file = TaskFile.from_source("t.py", "def plan():\n    yield {'id': 'a'}\n\ndef execute(item):\n    return {}\n", [])

@@ -23,9 +23,9 @@ from sluice import (
     RetryPolicy,
     Settings,
 )
-from sluice.client.remote.settings import RemoteSettings
 from sluice.config import SETTING_KEYS
 from sluice.errors import ConfigurationError, SluiceError
+from sluice.tasks.remote.settings import RemoteSettings
 from sluice.units import MAX_VALUE, parse_size
 
 #: Anything a user might pass: numbers of every kind (nan, inf, huge), text with non-ASCII digits

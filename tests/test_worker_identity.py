@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from sluice import keys
-from sluice.workers import ledger
+from sluice.tasks import ledger
 from tests.conftest import ROOT, Workers, wait_for
 
 pytestmark = pytest.mark.integration

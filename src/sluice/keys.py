@@ -1,5 +1,7 @@
 """Every Redis key sluice writes, in one place, all under the ``sluice:`` prefix."""
 
+from enum import StrEnum
+
 PREFIX = "sluice:"
 
 #: Seconds a memory-kill record is kept (long enough to explain a failure after the fact).
@@ -57,10 +59,20 @@ def stat(name: str, resource_class: str) -> str:
     return f"{PREFIX}stats:{name}:{resource_class}"
 
 
-def run(run_id: str, part: str) -> str:
-    """A batch run's keys: ``skip`` (set: ids dispatched), ``results`` (hash: id -> record, the
-    result cache), ``ready`` (list: ids whose record is new), ``source`` (hash: the task file),
-    ``cancel`` (string: set on Ctrl-C)."""
+class RunPart(StrEnum):
+    """The keys of a batch run, ``run(run_id, part)``: every one a run may write."""
+
+    SKIP = "skip"              #: set: ids dispatched
+    RESULTS = "results"        #: hash: id -> record, the result cache
+    READY = "ready"            #: list: records new to the driver
+    SOURCE = "source"          #: hash: the task file, signed
+    CANCEL = "cancel"          #: string: set on Ctrl-C
+    FINISHED = "finished"      #: string: torchrun rank 0's exit code
+    RANKS_LEFT = "ranks_left"  #: integer: torchrun ranks that have left
+
+
+def run(run_id: str, part: RunPart) -> str:
+    """One of a batch run's keys (:class:`RunPart`)."""
     return f"{PREFIX}run:{run_id}:{part}"
 
 
@@ -69,9 +81,16 @@ def remote_output(call_id: str) -> str:
     return f"{PREFIX}remote:{call_id}:output"
 
 
-def session(session_id: str, part: str) -> str:
-    """A remote session's keys: ``lease`` (string with a TTL the client refreshes), ``calls``
-    (list: signed requests), ``replies`` (list: signed replies, in call order)."""
+class SessionPart(StrEnum):
+    """The keys of a remote session, ``session(session_id, part)``."""
+
+    LEASE = "lease"      #: string with a TTL the client refreshes
+    CALLS = "calls"      #: list: signed requests
+    REPLIES = "replies"  #: list: signed replies, in call order
+
+
+def session(session_id: str, part: SessionPart) -> str:
+    """One of a remote session's keys (:class:`SessionPart`)."""
     return f"{PREFIX}session:{session_id}:{part}"
 
 

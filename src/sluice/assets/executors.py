@@ -24,9 +24,9 @@ from typing import Any
 import cloudpickle
 
 from sluice.app import App
-from sluice.assets.context import AssetContext
 from sluice.assets.definition import Step
 from sluice.assets.result import FAILED, SUCCEEDED, StepOutcome
+from sluice.assets.step_task import RUN_STEP_TASK, call_step, step_signature
 from sluice.assets.store import MemoryStore, RedisStore, Store
 from sluice.compute import Compute
 from sluice.errors import DefinitionError
@@ -66,14 +66,6 @@ class Executor(ABC):
         """Run one step to its end; store its outputs; never raise."""
 
 
-def _call(step: Step, run_id: str, values: dict[str, Any], attempt: int, compute: Compute) -> dict[str, Any]:
-    """Call the step's function with its upstream values (and ctx) and split its outputs."""
-    kwargs = dict(values)
-    if step.takes_ctx:
-        kwargs["ctx"] = AssetContext.create(run_id, step.name, attempt, compute)
-    return step.split(step.fn(**kwargs))
-
-
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -87,7 +79,7 @@ class InProcessExecutor(Executor):
     def run_step(self, step: Step, run_id: str, inputs: Inputs) -> StepOutcome:
         try:
             values = {param: self.store.get(*ref) for param, ref in inputs.items()}
-            for asset, value in _call(step, run_id, values, 1, step.compute or Compute()).items():
+            for asset, value in call_step(step, run_id, values, 1, step.compute or Compute()).items():
                 self.store.put(run_id, asset, value)
         except Exception as exc:
             return StepOutcome(FAILED, "in-process", [], _error(exc) + "\n" + traceback.format_exc())
@@ -98,7 +90,7 @@ def _run_pickled(payload: bytes) -> tuple[bool, Any]:
     """In a child process: run a cloudpickled (step, run_id, values) call; return (ok, outputs or error)."""
     step, run_id, values = cloudpickle.loads(payload)
     try:
-        return True, cloudpickle.dumps(_call(step, run_id, values, 1, step.compute or Compute()))
+        return True, cloudpickle.dumps(call_step(step, run_id, values, 1, step.compute or Compute()))
     except Exception as exc:
         return False, _error(exc) + "\n" + traceback.format_exc()
 
@@ -154,8 +146,6 @@ class KubernetesExecutor(Executor):
                 step.retry.check(self.compute_of(step), self.app.catalog, f"asset {step.name}")
 
     def run_step(self, step: Step, run_id: str, inputs: Inputs) -> StepOutcome:
-        from sluice.assets.step_task import RUN_STEP_TASK, step_signature
-
         headers = Headers(compute=self.compute_of(step), policy=step.retry).encode()
         args = (step.ref, run_id, {p: list(ref) for p, ref in inputs.items()}, str(self.store_path))
         result = self.app.tasks[RUN_STEP_TASK].apply_async(

@@ -11,14 +11,24 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from sluice.assets.context import AssetContext
 from sluice.assets.definition import Step
-from sluice.assets.executors import _call
 from sluice.assets.store import RedisStore
+from sluice.compute import Compute
 from sluice.errors import DefinitionError
 from sluice.signing import SIGNATURE, seal, unseal
 from sluice.tasks.escalation import Attempt
 
 RUN_STEP_TASK = "sluice.assets.run_step"
+
+
+def call_step(step: Step, run_id: str, values: dict[str, Any], attempt: int, compute: Compute) -> dict[str, Any]:
+    """Call the step's function with its upstream values (and ctx) and split its outputs: here,
+    and by the in-process and parallel executors."""
+    kwargs = dict(values)
+    if step.takes_ctx:
+        kwargs["ctx"] = AssetContext.create(run_id, step.name, attempt, compute)
+    return step.split(step.fn(**kwargs))
 
 
 def load_step(ref: str) -> Step:
@@ -52,6 +62,6 @@ def run_step(task: Any, ref: str, run_id: str, inputs: dict[str, list[str]], sto
     attempt = Attempt.of(task, request, request.delivery_info)
     store = RedisStore(task.app.redis, Path(store_path), secret)
     values = {param: store.get(run, asset) for param, (run, asset) in inputs.items()}
-    for asset, value in _call(step, run_id, values, attempt.number, attempt.compute).items():
+    for asset, value in call_step(step, run_id, values, attempt.number, attempt.compute).items():
         store.put(run_id, asset, value)
     return {"queue": attempt.queue, "worker": task.app.node_name(request), "attempt": attempt.number}

@@ -16,7 +16,7 @@ from sluice.errors import NoQueueFits
 from sluice.headers import Headers
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.task_catalog import TaskEntry
-from sluice.workers.heartbeat import read_heartbeats
+from sluice.tasks.heartbeat import read_heartbeats
 
 
 @dataclass(frozen=True)

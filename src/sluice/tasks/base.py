@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from celery import Task, states
 from celery.exceptions import Ignore, Retry
@@ -12,13 +12,11 @@ from celery.exceptions import Ignore, Retry
 from sluice.compute import Compute
 from sluice.errors import AttemptFailed, TaskFailed, WorkerLost
 from sluice.headers import attempt_of
+from sluice.tasks import bulk, ledger
+from sluice.tasks.bulk import BulkResult
 from sluice.tasks.escalation import Attempt, end_attempt
+from sluice.tasks.request import ComputeRequest
 from sluice.tasks.retry import Reason, RetryPolicy, classify
-from sluice.workers import ledger
-from sluice.workers.request import ComputeRequest
-
-if TYPE_CHECKING:
-    from sluice.client.bulk import BulkResult
 
 log = logging.getLogger("sluice.task")
 #: Where the result backend leaves the claim it made with the STARTED state, on the request:
@@ -57,9 +55,7 @@ class ComputeTask(Task):
                    progress: bool | None = None) -> BulkResult:
         """One call per item (a tuple or list: its arguments; anything else: its one argument),
         published ``chunk`` (default 1000) at a time in one Redis round trip each; a lazy ``BulkResult`` back
-        (``.get()`` in order, ``.as_completed()`` as they finish). See :mod:`sluice.client.bulk`."""
-        from sluice.client import bulk
-
+        (``.get()`` in order, ``.as_completed()`` as they finish). See :mod:`sluice.tasks.bulk`."""
         return bulk.delay_many(self, items, kwargs=kwargs, chunk=chunk, progress=progress)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -20,14 +20,7 @@ from sluice.compute import Compute
 from sluice.errors import AttemptFailed, MemoryExhausted, RetriesExhausted, TaskFailed
 from sluice.headers import FORWARDED, Headers
 from sluice.tasks.history import append as append_history
-from sluice.tasks.retry import (
-    Reason,
-    RetryPolicy,
-    attempt_record,
-    decide,
-    describe_attempt,
-    summarize,
-)
+from sluice.tasks.retry import AttemptRecord, Reason, RetryPolicy, decide, summarize
 
 if TYPE_CHECKING:
     from sluice.tasks.base import ComputeTask
@@ -77,8 +70,9 @@ def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reaso
     """
     policy = attempt.policy
     decision = decide(policy, attempt.compute, attempt.number, reason)
-    record = attempt_record(attempt.number, attempt.queue, attempt.compute, reason, detail, worker)
+    record = AttemptRecord(attempt.number, attempt.queue, attempt.compute, reason, detail, worker)
     history = append_history(task.app.redis, context.id, record)
+    carried = [r.encode() for r in history]  # what the caller's exception holds
     if decision.retry:
         target = next_queue(task, attempt, decision.compute, reason, worker)
         travelling = policy if policy is not task.retry_policy else None  # a per-message policy travels on
@@ -90,13 +84,13 @@ def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reaso
             task.app.redis.incr(keys.stat("escalations", attempt.queue))
         total = policy.max_attempts if policy else 1
         where = target if isinstance(target, str) else f"worker {worker} (sticky)"
-        line = (f"task {task.name}[{context.id}] {describe_attempt(history[-1])}; retrying at "
+        line = (f"task {task.name}[{context.id}] {history[-1].describe()}; retrying at "
                 f"{decision.compute.memory} on {where} (attempt {attempt.number + 1} of {total})")
         if decision.countdown:
             line += f" in {decision.countdown:.1f}s"
         log.warning(line)
-        return AttemptFailed(line, history)
+        return AttemptFailed(line, carried)
     if decision.exhausted:
         error = MemoryExhausted if reason.memory_like else RetriesExhausted
-        return error(summarize(task.name, history), history)
+        return error(summarize(task.name, history), carried)
     return None

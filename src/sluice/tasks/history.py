@@ -13,42 +13,36 @@ import redis
 from celery.result import AsyncResult
 
 from sluice import entries, keys
+from sluice.tasks.retry import AttemptRecord
 
 #: How long a history is kept (as long as sluice keeps memory-kill records).
 HISTORY_TTL = keys.MEMORY_KILL_TTL
 
 
-def append(client: redis.Redis, task_id: str, record: dict[str, Any]) -> list[dict[str, Any]]:
+def append(client: redis.Redis, task_id: str, record: AttemptRecord) -> list[AttemptRecord]:
     """Add one ended attempt; returns the whole history so far."""
     key = keys.attempts(task_id)
     pipe = client.pipeline()
-    pipe.rpush(key, json.dumps(record))
+    pipe.rpush(key, json.dumps(record.encode()))
     pipe.expire(key, HISTORY_TTL)
     pipe.lrange(key, 0, -1)
     return _records(pipe.execute()[-1])
 
 
-def read(client: redis.Redis, task_id: str) -> list[dict[str, Any]]:
+def read(client: redis.Redis, task_id: str) -> list[AttemptRecord]:
     return _records(client.lrange(keys.attempts(task_id), 0, -1))
 
 
-def _records(items: list[bytes]) -> list[dict[str, Any]]:
+def _records(items: list[bytes]) -> list[AttemptRecord]:
     """The attempt records of a history (one that does not decode is skipped)."""
-    return entries.decode_each("attempt record", items, _record)
-
-
-def _record(item: bytes) -> dict[str, Any]:
-    record = entries.loads(item)
-    if not isinstance(record, dict):
-        raise TypeError(f"an attempt record is a JSON object, not {type(record).__name__}")
-    return record
+    return entries.decode_each("attempt record", items, lambda item: AttemptRecord.decode(entries.loads(item)))
 
 
 def attempts(result: AsyncResult) -> list[dict[str, Any]]:
     """Every attempt of a task: the ones that failed (attempt, queue, compute, reason, detail,
     worker) and, if it succeeded, the successful one (attempt, queue, compute, reason, worker:
     from the result's extended meta)."""
-    history = read(result.app.redis, result.id)
+    history = [record.encode() for record in read(result.app.redis, result.id)]
     if result.state == "SUCCESS":
         meta = result.backend.get_task_meta(result.id)
         history.append({"attempt": len(history) + 1, "queue": meta.get("queue"), "compute": meta.get("compute"),

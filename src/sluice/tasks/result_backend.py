@@ -25,9 +25,9 @@ from celery.utils.saferepr import saferepr
 from kombu.utils.encoding import bytes_to_str
 
 from sluice import _kombu
+from sluice.tasks import ledger
 from sluice.tasks.base import CLAIMED, ComputeTask
 from sluice.tasks.result_consumer import PUBLISH_LIMIT, ComputeResultConsumer, Notice
-from sluice.workers import ledger
 
 #: What the App maps result backend URLs to, by scheme.
 PATHS = {scheme: f"{__name__}:ComputeResultBackend" for scheme in ("redis", "rediss")} | {

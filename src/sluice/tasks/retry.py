@@ -193,24 +193,49 @@ def decide(policy: RetryPolicy | None, compute: Compute, attempt: int, reason: R
     return Decision(retry=True, compute=compute, countdown=policy.backoff.delay(attempt))
 
 
-def attempt_record(attempt: int, queue: str, compute: Compute, reason: Reason, detail: str,
-                   worker: str) -> dict[str, Any]:
-    """One entry of a task's attempt history (JSON-safe; travels in headers and results)."""
-    return {"attempt": attempt, "queue": queue, "compute": compute.to_dict(), "reason": reason.value,
-            "detail": detail, "worker": worker}
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One entry of a task's attempt history: an attempt that ended without a result. Kept in
+    Redis (:mod:`sluice.tasks.history`) and carried, encoded, by ``AttemptFailed.history`` and
+    ``sluice.attempts()``; encoded by :meth:`encode` and decoded by :meth:`decode` only."""
+
+    attempt: int
+    queue: str
+    compute: Compute
+    reason: Reason
+    detail: str
+    worker: str
+
+    def encode(self) -> dict[str, Any]:
+        """JSON-safe form (what callers read)."""
+        return {"attempt": self.attempt, "queue": self.queue, "compute": self.compute.to_dict(),
+                "reason": self.reason.value, "detail": self.detail, "worker": self.worker}
+
+    @classmethod
+    def decode(cls, data: Any) -> AttemptRecord:
+        """The record; ValueError, TypeError or KeyError if ``data`` is not one (readers skip it)."""
+        if not isinstance(data, dict):
+            raise TypeError(f"an attempt record is a JSON object, not {type(data).__name__}")
+        attempt = data["attempt"]
+        if isinstance(attempt, bool) or not isinstance(attempt, int):
+            raise TypeError(f"an attempt record's attempt is a whole number, not {attempt!r:.40}")
+        text = {name: data[name] for name in ("queue", "detail", "worker")}
+        for name, value in text.items():
+            if not isinstance(value, str):
+                raise TypeError(f"an attempt record's {name} is a string, not {value!r:.40}")
+        return cls(attempt, text["queue"], Compute.from_dict(data["compute"]), Reason(data["reason"]),
+                   text["detail"], text["worker"])
+
+    def describe(self) -> str:
+        """``killed for memory at 8Gi on cpu`` / ``worker lost at 8Gi on cpu`` / ``transient: ... on cpu``."""
+        memory = self.compute.memory or "?"
+        if self.reason is Reason.MEMORY:
+            return f"killed for memory at {memory} on {self.queue}"
+        if self.reason in (Reason.WORKER_LOST, Reason.LOST):
+            return f"{self.reason.value} at {memory} on {self.queue} ({self.detail})"
+        return f"{self.reason.value}: {self.detail} on {self.queue}"
 
 
-def describe_attempt(record: dict[str, Any]) -> str:
-    """``killed for memory at 8Gi on cpu`` / ``worker lost at 8Gi on cpu`` / ``transient error ... on cpu``."""
-    memory = record["compute"].get("memory", "?")
-    reason = record["reason"]
-    if reason == Reason.MEMORY.value:
-        return f"killed for memory at {memory} on {record['queue']}"
-    if reason in (Reason.WORKER_LOST.value, Reason.LOST.value):
-        return f"{reason} at {memory} on {record['queue']} ({record['detail']})"
-    return f"{reason}: {record['detail']} on {record['queue']}"
-
-
-def summarize(task_name: str, history: list[dict[str, Any]]) -> str:
+def summarize(task_name: str, history: list[AttemptRecord]) -> str:
     """The final failure message: every attempt, in order."""
-    return f"{task_name} failed after {len(history)} attempt(s): " + ", ".join(describe_attempt(r) for r in history)
+    return f"{task_name} failed after {len(history)} attempt(s): " + ", ".join(r.describe() for r in history)

@@ -1,2 +1,2 @@
-"""Code that runs inside a worker: the core (bootstep, request, watchdog, heartbeat, ledger,
-reaper, health) and one subpackage per capability (``batch``, ``remote``)."""
+"""Code that runs inside a worker: the core (bootstep, watchdog, heartbeat writer, reaper,
+health) and one subpackage per capability (``batch``, ``remote``)."""

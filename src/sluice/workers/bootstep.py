@@ -24,8 +24,9 @@ from sluice.errors import GpuUnavailable
 from sluice.queues import task_catalog
 from sluice.queues.catalog import ResourceClass
 from sluice.tasks.escalation import Attempt
+from sluice.tasks.heartbeat import WorkerBeat
 from sluice.workers.gpu import gpu_count
-from sluice.workers.heartbeat import Heartbeat, WorkerBeat
+from sluice.workers.heartbeat import Heartbeat
 from sluice.workers.packing import Packing
 from sluice.workers.reaper import OrphanReaper
 from sluice.workers.watchdog import MemoryWatchdog, Watched

@@ -11,7 +11,7 @@ import time
 
 import redis
 
-from sluice.workers.heartbeat import read_heartbeat
+from sluice.tasks.heartbeat import read_heartbeat
 
 
 class Health(enum.IntEnum):

@@ -37,7 +37,7 @@ from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE, WORKER_DIRECT_QUEUE_F
 
 from sluice import _kombu, entries, keys
 from sluice.headers import Headers, attempt_of
-from sluice.workers import ledger
+from sluice.tasks import ledger
 from sluice.workers.periodic import Periodic
 
 log = logging.getLogger("sluice.reaper")

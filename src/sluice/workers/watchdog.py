@@ -9,44 +9,23 @@ memory profile when the run ends (``sluice.tasks.memory_profile``).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import psutil
 import redis
 
 from sluice import keys
 from sluice.tasks import memory_profile
-from sluice.units import format_size
+from sluice.tasks.memory_kill import MemoryKill
 from sluice.workers.periodic import Periodic
 
 log = logging.getLogger("sluice.watchdog")
-
-
-@dataclass(frozen=True)
-class MemoryKill:
-    """What the watchdog saw when it killed a task."""
-
-    task_id: str
-    task: str
-    rss: int
-    limit: int
-    resource_class: str
-    worker: str
-    pid: int
-
-    @property
-    def message(self) -> str:
-        return (f"task {self.task}[{self.task_id}] killed for memory at {self.rss} bytes "
-                f"({format_size(self.rss)}) over its limit of {self.limit} bytes ({format_size(self.limit)}) "
-                f"on class {self.resource_class} (worker {self.worker})")
 
 
 @dataclass(frozen=True)
@@ -223,10 +202,10 @@ class MemoryWatchdog(Periodic):
             self.on_dead()
 
     def _kill(self, item: Watched, process: psutil.Process, rss: int) -> MemoryKill:
-        kill = MemoryKill(item.task_id, item.task, rss, item.limit, item.resource_class, self.hostname, item.pid)
-        record: dict[str, Any] = asdict(kill) | {"message": kill.message, "at": time.time()}
+        kill = MemoryKill(item.task_id, item.task, rss, item.limit, item.resource_class, self.hostname, item.pid,
+                          time.time())
         pipe = self.client.pipeline()
-        pipe.set(keys.memory_kill(item.task_id), json.dumps(record), ex=keys.MEMORY_KILL_TTL)
+        kill.store(pipe)
         pipe.incr(keys.stat("memory_kills", item.resource_class))
         memory_profile.observe(pipe, item.task, max(rss, item.limit), killed=True)
         self._peaks.pop(item.task_id, None)

@@ -1,2 +1,3 @@
-"""Client side of batch runs: ``sluice compute task.py`` (task file, driver, sink, local workers,
-``--observe``, ``--traj``, torchrun)."""
+"""Client side of batch runs: ``sluice compute task.py`` (driver, sink, recovery, local workers,
+``--observe``, ``--traj``, torchrun); the records and task file it shares with workers are
+:mod:`sluice.tasks.batch`."""

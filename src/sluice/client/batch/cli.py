@@ -27,15 +27,15 @@ from sluice.client.batch.driver import Driver
 from sluice.client.batch.local_workers import LocalWorkers
 from sluice.client.batch.observe import Observer
 from sluice.client.batch.progress import EXIT_BROKER_LOST, EXIT_INTERRUPTED, RunSettings
-from sluice.client.batch.records import Failure, Record, decode, encode, execute_item
 from sluice.client.batch.sink import Sink
-from sluice.client.batch.taskfile import TaskFile
 from sluice.client.batch.torchrun import Ranks
 from sluice.client.batch.trajectory import require_lance, write_trajectory
 from sluice.config import Settings
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import ConfigurationError, InvalidRequestError
 from sluice.signing import NO_SECRET
+from sluice.tasks.batch.records import Failure, Record, decode, encode, execute_item
+from sluice.tasks.batch.taskfile import TaskFile
 
 console = terminal.console(stderr=True)
 

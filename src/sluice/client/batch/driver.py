@@ -29,7 +29,12 @@ from sluice.client.batch.progress import (
     RunSettings,
 )
 from sluice.client.batch.quarantine import Quarantine
-from sluice.client.batch.records import (
+from sluice.client.batch.sink import Sink
+from sluice.compute import Compute
+from sluice.headers import Headers
+from sluice.keys import RunPart
+from sluice.tasks.batch import RUN_CHUNK_TASK
+from sluice.tasks.batch.records import (
     CANCELLED,
     FAILED,
     LOST,
@@ -39,12 +44,8 @@ from sluice.client.batch.records import (
     decode,
     encode,
 )
-from sluice.client.batch.sink import Sink
-from sluice.client.batch.taskfile import TaskFile
-from sluice.compute import Compute
-from sluice.headers import Headers
+from sluice.tasks.batch.taskfile import TaskFile
 from sluice.tasks.retry import RetryOn, RetryPolicy
-from sluice.workers.batch.chunk_task import RUN_CHUNK_TASK
 
 
 class Driver:
@@ -82,7 +83,7 @@ class Driver:
         self._last_poll = 0.0
         self._ended_at: dict[str, float] = {}            # chunk id -> when it was first seen ended with ids awaited
 
-    def key(self, part: str) -> str:
+    def key(self, part: RunPart) -> str:
         return keys.run(self.settings.run_id, part)
 
     # --- set-up -----------------------------------------------------------------------------
@@ -91,13 +92,13 @@ class Driver:
         """Workers load the task file from here, signed (they need no copy of it, and run no
         task file a holder of the secret did not store)."""
         pipe = self.client.pipeline()
-        pipe.delete(self.key("source"), self.key("cancel"))
-        pipe.hset(self.key("source"), mapping=self.task_file.sealed(self.settings.run_id, self.secret))
+        pipe.delete(self.key(RunPart.SOURCE), self.key(RunPart.CANCEL))
+        pipe.hset(self.key(RunPart.SOURCE), mapping=self.task_file.sealed(self.settings.run_id, self.secret))
         pipe.execute()
 
     def reset(self) -> None:
         """A fresh run under a name used before: forget that run's dispatches and results."""
-        self.client.delete(*(self.key(part) for part in ("skip", "results", "ready", "cancel")))
+        self.client.delete(*(self.key(part) for part in (RunPart.SKIP, RunPart.RESULTS, RunPart.READY, RunPart.CANCEL)))
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -145,7 +146,7 @@ class Driver:
             """One SMISMEMBER for the batch. Ids join the SkipSet when their chunk is published."""
             if not batch:
                 return
-            known = self.client.smismember(self.key("skip"), [item["id"] for item in batch])
+            known = self.client.smismember(self.key(RunPart.SKIP), [item["id"] for item in batch])
             fresh: set[str] = set()   # the SMISMEMBER answer is stale for ids yielded from this batch
             for item, was_known in zip(batch, known):
                 item_id = item["id"]
@@ -192,7 +193,7 @@ class Driver:
         ids = [item["id"] for item in batch]
         # after the publish: a crash in between may dispatch these ids again on resume (the result
         # cache keeps that from computing anything twice); before it, a crash would lose them
-        self.client.sadd(self.key("skip"), *ids)
+        self.client.sadd(self.key(RunPart.SKIP), *ids)
         self.claimed.difference_update(ids)
         self.chunks[result.id] = ids
         self._items[result.id] = batch
@@ -202,9 +203,9 @@ class Driver:
 
     def collect(self, block: bool) -> None:
         """Take the records workers handed over (waiting up to 0.2 s for one when ``block``)."""
-        lines = self.client.lpop(self.key("ready"), 5000)
+        lines = self.client.lpop(self.key(RunPart.READY), 5000)
         if not lines and block:
-            popped = self.client.blpop([self.key("ready")], timeout=0.2)
+            popped = self.client.blpop([self.key(RunPart.READY)], timeout=0.2)
             lines = [popped[1]] if popped else []
         if lines:
             self.write(lines)
@@ -271,7 +272,7 @@ class Driver:
         now = time.monotonic()
         self._ended_at = {c: self._ended_at.get(c, now) for c in chunk_ids}
         due = [c for c, at in self._ended_at.items() if now - at >= self.ended_grace]
-        if not due or self.client.llen(self.key("ready")):
+        if not due or self.client.llen(self.key(RunPart.READY)):
             return
         lines = [encode(Failure(i, LOST, "RecordUnreadable", f"chunk {c} ended, but no readable record of this "
                                 "item reached the driver (see its log); --resume runs it again", chunk=c))
@@ -283,7 +284,7 @@ class Driver:
         delivery of their chunks is left to skip them (failures stay, for resume to rerun or skip)."""
         ok = [i for i in ids if i in self._sunk_ok]
         if ok:
-            self.client.hdel(self.key("results"), *ok)
+            self.client.hdel(self.key(RunPart.RESULTS), *ok)
             self._sunk_ok.difference_update(ok)
 
     def _resend_lost_inherited(self) -> None:
@@ -310,4 +311,4 @@ class Driver:
     def interrupt(self) -> None:
         """Ctrl-C: stop dispatching; workers record their unstarted items as cancelled."""
         self.stopping = True
-        self.client.set(self.key("cancel"), 1)
+        self.client.set(self.key(RunPart.CANCEL), 1)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from sluice.client.batch.records import Failure, encode
+from sluice.keys import RunPart
+from sluice.tasks.batch.records import Failure, encode
 
 if TYPE_CHECKING:
     from sluice.client.batch.driver import Driver
@@ -36,13 +37,13 @@ def finish_interrupted(driver: Driver, private_queue: bool) -> None:
     """After the workers stopped: take what they wrote; record every other in-flight id as
     cancelled and forget it was dispatched (resume runs it again); drop its messages."""
     client = driver.client
-    while client.llen(driver.key("ready")):
+    while client.llen(driver.key(RunPart.READY)):
         driver.collect(block=False)
     driver.app.control.revoke(list(driver.chunks))
     if private_queue:  # the run-private queue's waiting and held messages: its workers are gone
         client.delete(*driver.layout.queue_lists(driver.settings.queue))
         driver.layout.drop_held(client, driver.settings.queue)
     if driver.waiting:
-        client.srem(driver.key("skip"), *driver.waiting)
+        client.srem(driver.key(RunPart.SKIP), *driver.waiting)
     driver.write([encode(Failure.cancelled(i)) for i in sorted(driver.waiting)])
     driver.checkpoint(force=True)

@@ -25,11 +25,11 @@ class Quarantine:
     def observe(self, chunk_id: str) -> None:
         """Count the attempts of ``chunk_id`` not counted yet; quarantine whoever reaches the limit."""
         for attempt in read_history(self.app.redis, chunk_id):
-            marker = (chunk_id, attempt["attempt"])
+            marker = (chunk_id, attempt.attempt)
             if marker in self._seen:
                 continue
             self._seen.add(marker)
-            worker = attempt["worker"]
+            worker = attempt.worker
             self.failures[worker] += 1
             quarantined = self.progress.quarantined
             healthy = set(self.progress.per_worker) - set(quarantined) - {worker}

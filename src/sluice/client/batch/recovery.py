@@ -20,7 +20,8 @@ from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE
 
 from sluice import entries
 from sluice._kombu import RedisLayout, task_args
-from sluice.client.batch.records import FAILED, RERUN, Failure, decode
+from sluice.keys import RunPart
+from sluice.tasks.batch.records import FAILED, RERUN, Failure, decode
 
 if TYPE_CHECKING:
     from sluice.client.batch.driver import Driver
@@ -30,7 +31,7 @@ def resume(driver: Driver, done: set[str]) -> None:
     """Sink what the cache computed meanwhile; await what earlier drivers dispatched (``done``:
     the ids the sink holds, updated here). A cached record that does not decode is forgotten and
     its item dispatched again, as a lost one is."""
-    client, results = driver.client, driver.key("results")
+    client, results = driver.client, driver.key(RunPart.RESULTS)
     rerun_failed = driver.settings.rerun_failed
     cached, unreadable = entries.split("batch result", client.hscan_iter(results, count=5000),
                                        lambda item: (item[0], item[1], _runs_again(item[1], rerun_failed)))
@@ -42,9 +43,9 @@ def resume(driver: Driver, done: set[str]) -> None:
     done |= sunk
     if rerun:
         client.hdel(results, *rerun)
-        client.srem(driver.key("skip"), *rerun)
-    client.delete(driver.key("ready"))
-    skip = entries.decode_each("dispatched id", client.sscan_iter(driver.key("skip"), count=5000), bytes.decode)
+        client.srem(driver.key(RunPart.SKIP), *rerun)
+    client.delete(driver.key(RunPart.READY))
+    skip = entries.decode_each("dispatched id", client.sscan_iter(driver.key(RunPart.SKIP), count=5000), bytes.decode)
     driver.inherited.update(item_id for item_id in skip if item_id not in done)
     driver.waiting |= driver.inherited
 

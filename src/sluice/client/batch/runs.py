@@ -19,14 +19,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
 import psutil
 import redis
 
 from sluice import keys
 from sluice._kombu import RedisLayout
-
-#: The parts of ``keys.run(run_id, part)`` a run writes (torchrun's two included).
-RUN_PARTS = ("skip", "results", "ready", "source", "cancel", "finished", "ranks_left")
+from sluice.deploy.embedded import private_dir
 
 
 def private_queue(run_id: str) -> str:
@@ -46,7 +45,7 @@ def redis_dir(home: Path, run_id: str) -> Path:
 
 def run_keys(run_id: str, layout: RedisLayout = RedisLayout()) -> list[str]:
     """Every Redis key a run may have written: its parts and its private queue's lists."""
-    return [keys.run(run_id, part) for part in RUN_PARTS] + layout.queue_lists(private_queue(run_id))
+    return [keys.run(run_id, part) for part in keys.RunPart] + layout.queue_lists(private_queue(run_id))
 
 
 def expire(client: redis.Redis, run_id: str, ttl: float) -> None:
@@ -107,8 +106,6 @@ class RunRecord:
         self.write(home)
 
     def write(self, home: Path) -> None:
-        from sluice.deploy.embedded import private_dir
-
         path = private_dir(run_dir(home, self.run_id)) / "run.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self)))

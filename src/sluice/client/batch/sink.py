@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from sluice.client.batch.records import (
+from sluice.tasks.batch.records import (
     FAILED,
     ID_PREFIX,
     Failure,

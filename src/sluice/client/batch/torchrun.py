@@ -24,6 +24,7 @@ import redis
 
 from sluice import keys, redis_client
 from sluice.errors import ConfigurationError
+from sluice.keys import RunPart
 
 RENDEZVOUS_TIMEOUT = 300.0
 #: Key (in torch's store, or in Redis with --broker) under which rank 0 shares the run.
@@ -104,15 +105,15 @@ def _share_through_redis(ranks: Ranks, run: dict[str, Any] | None, broker: str) 
 
 def reset(client: redis.Redis, run_id: str) -> None:
     """Rank 0, before announcing the run: forget how an earlier run of the same id ended (resume)."""
-    client.delete(keys.run(run_id, "finished"), keys.run(run_id, "ranks_left"))
+    client.delete(keys.run(run_id, RunPart.FINISHED), keys.run(run_id, RunPart.RANKS_LEFT))
 
 
 def release(client: redis.Redis, ranks: Ranks, run_id: str, code: int, timeout: float = 30.0) -> None:
     """Rank 0: record that the run is over (the other ranks exit with ``code``) and wait, bounded,
     until they have heard it, so that stopping the embedded Redis does not cut them off first."""
-    client.set(keys.run(run_id, "finished"), code, ex=24 * 3600)
+    client.set(keys.run(run_id, RunPart.FINISHED), code, ex=24 * 3600)
     deadline = time.monotonic() + timeout
-    while int(client.get(keys.run(run_id, "ranks_left")) or 0) < ranks.world_size - 1:
+    while int(client.get(keys.run(run_id, RunPart.RANKS_LEFT)) or 0) < ranks.world_size - 1:
         if time.monotonic() > deadline:
             return
         time.sleep(0.1)
@@ -120,10 +121,10 @@ def release(client: redis.Redis, ranks: Ranks, run_id: str, code: int, timeout: 
 
 def finished(client: redis.Redis, run_id: str) -> int | None:
     """The exit code rank 0 recorded, or None while the run goes on."""
-    value = client.get(keys.run(run_id, "finished"))
+    value = client.get(keys.run(run_id, RunPart.FINISHED))
     return None if value is None else int(value)
 
 
 def leave(client: redis.Redis, run_id: str) -> None:
     """A rank other than 0 has seen the end of the run and stopped its workers."""
-    client.incr(keys.run(run_id, "ranks_left"))
+    client.incr(keys.run(run_id, RunPart.RANKS_LEFT))

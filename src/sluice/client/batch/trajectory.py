@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sluice.client.batch.records import Ready, decode
 from sluice.client.batch.sink import READY
 from sluice.errors import ConfigurationError
+from sluice.tasks.batch.records import Ready, decode
 
 DATASET = "results.lance"
 BATCH_ROWS = 50_000

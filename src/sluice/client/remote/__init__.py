@@ -1,5 +1,5 @@
-"""Client side of remote functions: ``@sluice.remote``, sessions, and the call's wire pieces
-(packages, serialization, signing, routing, settings) that workers check again."""
+"""Client side of remote functions: ``@sluice.remote``, sessions, serialization and the routing
+of calls (what the worker checks again lives in :mod:`sluice.tasks.remote`)."""
 
 from sluice.client.remote.function import remote
 from sluice.client.remote.session import session

@@ -23,21 +23,16 @@ from celery.result import AsyncResult
 
 from sluice import keys
 from sluice.app import App
-from sluice.client.remote.packages import environment_key, normalize_packages
 from sluice.client.remote.routing import choose_target
-from sluice.client.remote.serialization import (
-    import_hints,
-    loads,
-    pack_call,
-    python_version,
-)
-from sluice.client.remote.settings import remote_settings
+from sluice.client.remote.serialization import import_hints, loads, pack_call
 from sluice.compute import Compute
 from sluice.errors import CallTimeout, ConfigurationError, RemoteError
 from sluice.headers import Headers
-from sluice.signing import decode, encode, seal, unseal
+from sluice.signing import seal, unseal
+from sluice.tasks.remote.call import REMOTE_TASK, Call, Reply, python_version
+from sluice.tasks.remote.packages import environment_key, normalize_packages
+from sluice.tasks.remote.settings import remote_settings
 from sluice.units import format_size, parse_size
-from sluice.workers.remote.call_task import REMOTE_TASK
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -128,12 +123,15 @@ class RemoteFunction(Generic[P, R]):
 
     delay = spawn
 
+    def call(self, payload: bytes, start: int, stream: bool) -> Call:
+        """The call a message carries: this function's name, packages and sizes, and ``payload``."""
+        budget = self.budget
+        return Call(self.name, python_version(), self.packages, start, payload, tuple(self.hints), budget.max_memory,
+                    budget.gpu, budget.gpu_memory, budget.max_gpu_memory, stream)
+
     def fields(self, payload: bytes, start: int, stream: bool) -> dict[str, Any]:
         """The message's fields (all signed)."""
-        return {"protocol": 1, "function": self.name, "python": python_version(), "packages": list(self.packages),
-                "hints": self.hints, "memory": start, "max_memory": self.budget.max_memory, "gpu": self.budget.gpu,
-                "gpu_memory": self.budget.gpu_memory, "max_gpu_memory": self.budget.max_gpu_memory,
-                "stream": stream, "payload": encode(payload)}
+        return self.call(payload, start, stream).encode()
 
     def map(self, items: Iterable[Any], timeout: float | None = None) -> list[R]:
         """Call the function once per item, all at once; values in the order of the items."""
@@ -188,10 +186,10 @@ class RemoteCall(Generic[R]):
         self._streamed += len(lines)
 
     def _open(self, reply: Any) -> R:
-        fields = unseal(self.app.settings.signing_secret(), reply, f"the reply to {self.name}")
-        self.output, self.limits = list(fields["output"]), list(fields["limits"])
-        self.attempt, self.worker = int(fields["attempt"]), fields.get("worker")
-        return open_reply(loads(decode(fields["payload"])), self.worker, self.source)
+        opened = Reply.decode(unseal(self.app.settings.signing_secret(), reply, f"the reply to {self.name}"))
+        self.output, self.limits = opened.output, opened.limits
+        self.attempt, self.worker = opened.attempt, opened.worker
+        return open_reply(loads(opened.payload), self.worker, self.source)
 
 
 def open_reply(outcome: tuple[Any, ...], worker: str | None, source: str | None = None) -> Any:

@@ -5,62 +5,18 @@ and within it a live worker that already holds the call's package environment wh
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery.utils.nodenames import worker_direct
 
-from sluice.client.remote.settings import check_classes, remote_settings
-from sluice.compute import Compute
-from sluice.queues.catalog import Catalog, ResourceClass
-from sluice.workers.heartbeat import WorkerBeat, read_heartbeats
+from sluice.queues.catalog import ResourceClass
+from sluice.tasks.heartbeat import read_heartbeats
+from sluice.tasks.remote.classes import remote_class
+from sluice.tasks.remote.heartbeat import RemoteBeat
 
 if TYPE_CHECKING:
     from sluice.app import App
-
-
-@dataclass(frozen=True)
-class RemoteBeat:
-    """What a worker's heartbeat says about remote calls: whether it takes them, the package
-    environments it holds (by key) and its GPU's memory. Flat fields of the heartbeat's JSON."""
-
-    remote: bool = False
-    envs: list[str] = field(default_factory=list)
-    gpu_memory: int | None = None
-
-    def fields(self) -> dict[str, Any]:
-        return {"remote": self.remote, "envs": list(self.envs), "gpu_memory": self.gpu_memory}
-
-    @classmethod
-    def of(cls, beat: WorkerBeat) -> RemoteBeat:
-        extra = beat.extra
-        return cls(bool(extra.get("remote")), list(extra.get("envs") or []), extra.get("gpu_memory"))
-
-
-def remote_catalog(app: App) -> Catalog:
-    """The classes configured to run remote calls (``remote_classes``; default: all of them)."""
-    names = remote_settings(app).remote_classes
-    if names is None:
-        return app.catalog
-    check_classes(names, app.catalog)  # checked at load against the configured catalog; App(classes=) may differ
-    return Catalog(app.catalog.get(n) for n in names)
-
-
-def accepts_remote(app: App, routing_key: str, hostname: str | None) -> bool:
-    """Whether a message delivered on ``routing_key`` may run a remote call on this worker: a
-    remote class's queue, or this worker's own direct queue when it serves a remote class."""
-    catalog = remote_catalog(app)
-    if routing_key in catalog:
-        return True
-    if hostname and routing_key == worker_direct(hostname).name:
-        consumed = app.amqp.queues.consume_from or {}
-        return any(name in catalog for name in consumed)
-    return False
-
-
-def remote_class(app: App, memory: int, gpu: bool, what: str) -> ResourceClass:
-    """The smallest remote class whose slot holds ``memory`` (and a GPU when asked)."""
-    return remote_catalog(app).route(Compute.of(memory_bytes=memory, gpu=1 if gpu else None), what)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import selectors
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 import types
 from collections.abc import Iterator
@@ -88,11 +87,6 @@ def pack_call(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> b
         for name, value in kwargs.items():
             dumps(value, f"keyword argument {name!r}")
         raise
-
-
-def python_version() -> str:
-    """major.minor: cloudpickle needs the same on both sides of a call."""
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def loads(data: bytes) -> Any:

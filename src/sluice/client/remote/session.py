@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from sluice import keys
@@ -27,12 +28,14 @@ from sluice.client.remote.function import (
     open_reply,
     source_file,
 )
-from sluice.client.remote.packages import normalize_packages
 from sluice.client.remote.serialization import loads, pack_call
-from sluice.client.remote.settings import remote_settings
 from sluice.errors import ConfigurationError, MemoryKilled, SandboxCrashed, TaskFailed
-from sluice.signing import decode, encode, seal, unseal
-from sluice.workers.remote.call_task import SESSION_TASK
+from sluice.keys import SessionPart
+from sluice.signing import seal, unseal
+from sluice.tasks.remote.call import SESSION_TASK
+from sluice.tasks.remote.packages import normalize_packages
+from sluice.tasks.remote.session import SessionCall, SessionReply
+from sluice.tasks.remote.settings import remote_settings
 
 #: Seconds a session outlives its client's last sign of life.
 LEASE_SECONDS = 10.0
@@ -57,9 +60,9 @@ class Session:
         settings = remote_settings(self.app)
         start = self.budget.start(settings.remote_memory)
         probe = RemoteFunction(_session_marker, self.packages, self.budget, self.app)
-        fields = probe.fields(b"", start, stream=False) | {"function": f"session {self.id}", "session": self.id,
-                                                          "lease": self.lease}
-        self.handle: RemoteCall[Any] = probe.send(SESSION_TASK, fields, start)
+        opening = replace(probe.call(b"", start, stream=False), function=f"session {self.id}", session=self.id,
+                          lease=self.lease)
+        self.handle: RemoteCall[Any] = probe.send(SESSION_TASK, opening.encode(), start)
         threading.Thread(target=self._keep_alive, daemon=True, name=f"sluice-session-{self.id[:8]}").start()
         return self
 
@@ -72,21 +75,22 @@ class Session:
                                          f"with (packages={list(self.packages)}); list them in sluice.session(packages=)")
             function = function.function
         number = next(self._numbers)
-        message = seal(self.app.settings.signing_secret(), {"n": number, "payload": encode(pack_call(function, args, kwargs))})
-        self.app.redis.rpush(keys.session(self.id, "calls"), json.dumps(message))
+        sent = SessionCall(number, pack_call(function, args, kwargs))
+        message = seal(self.app.settings.signing_secret(), sent.encode())
+        self.app.redis.rpush(keys.session(self.id, SessionPart.CALLS), json.dumps(message))
         reply = self._reply(number)
-        self.output, self.limits = list(reply["output"]), list(reply["limits"])
-        if reply.get("error"):
-            raise (MemoryKilled if reply.get("memory") else SandboxCrashed)(reply["error"])
-        return open_reply(loads(decode(reply["payload"])), reply.get("worker"), source_file(function))
+        self.output, self.limits = reply.output, reply.limits
+        if reply.error is not None:
+            raise (MemoryKilled if reply.memory else SandboxCrashed)(reply.error)
+        return open_reply(loads(reply.payload or b""), reply.worker, source_file(function))
 
-    def _reply(self, number: int) -> dict[str, Any]:
+    def _reply(self, number: int) -> SessionReply:
         secret = self.app.settings.signing_secret()
         while True:
-            item = self.app.redis.blpop([keys.session(self.id, "replies")], timeout=0.5)
+            item = self.app.redis.blpop([keys.session(self.id, SessionPart.REPLIES)], timeout=0.5)
             if item is not None:
-                reply = unseal(secret, json.loads(item[1]), f"the session {self.id} reply")
-                if reply["n"] == number:
+                reply = SessionReply.decode(unseal(secret, json.loads(item[1]), f"the session {self.id} reply"))
+                if reply.n == number:
                     return reply
             elif self.handle.result.ready():
                 ended = self.handle.result.get(timeout=1)  # raises the session's failure, if it failed
@@ -96,16 +100,17 @@ class Session:
     def close(self) -> None:
         self._stop.set()
         client = self.app.redis
-        client.rpush(keys.session(self.id, "calls"), json.dumps(seal(self.app.settings.signing_secret(), {"close": True})))
-        client.delete(keys.session(self.id, "lease"))
+        client.rpush(keys.session(self.id, SessionPart.CALLS),
+                     json.dumps(seal(self.app.settings.signing_secret(), SessionCall(close=True).encode())))
+        client.delete(keys.session(self.id, SessionPart.LEASE))
         try:
             self.handle.result.get(timeout=10)
         except Exception:  # noqa: BLE001 - closing must not mask the block's own outcome
             pass
-        client.delete(keys.session(self.id, "calls"), keys.session(self.id, "replies"))
+        client.delete(keys.session(self.id, SessionPart.CALLS), keys.session(self.id, SessionPart.REPLIES))
 
     def _renew(self) -> None:
-        self.app.redis.set(keys.session(self.id, "lease"), "1", px=int(self.lease * 1000))
+        self.app.redis.set(keys.session(self.id, SessionPart.LEASE), "1", px=int(self.lease * 1000))
 
     def _keep_alive(self) -> None:
         while not self._stop.wait(self.lease / 3):

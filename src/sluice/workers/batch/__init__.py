@@ -3,11 +3,8 @@
 from celery.signals import task_failure
 
 from sluice.capability import Capability
-from sluice.workers.batch.chunk_task import (
-    RUN_CHUNK_TASK,
-    record_chunk_failure,
-    run_chunk,
-)
+from sluice.tasks.batch import RUN_CHUNK_TASK
+from sluice.workers.batch.chunk_task import record_chunk_failure, run_chunk
 
 #: Batch runs: every worker can run chunks of any run; a chunk that fails for good records its items.
 BATCH = Capability("batch", tasks={RUN_CHUNK_TASK: run_chunk},

@@ -14,11 +14,12 @@ import time
 from typing import Any
 
 from sluice import keys
-from sluice.client.batch.records import Failure, encode, execute_item
-from sluice.client.batch.taskfile import TaskFile
 from sluice.headers import attempt_of
+from sluice.keys import RunPart
+from sluice.tasks.batch import RUN_CHUNK_TASK
+from sluice.tasks.batch.records import Failure, encode, execute_item
+from sluice.tasks.batch.taskfile import TaskFile
 
-RUN_CHUNK_TASK = "sluice.compute.run_chunk"
 FLUSH_SECONDS = 0.05
 _task_files: dict[str, TaskFile] = {}
 
@@ -28,7 +29,7 @@ def task_file(app: Any, run_id: str) -> TaskFile:
     process once its signature held)."""
     loaded = _task_files.get(run_id)
     if loaded is None:
-        stored = app.redis.hgetall(keys.run(run_id, "source"))
+        stored = app.redis.hgetall(keys.run(run_id, RunPart.SOURCE))
         loaded = _task_files[run_id] = TaskFile.unsealed(run_id, stored, app.settings.signing_secret())
     return loaded
 
@@ -39,7 +40,7 @@ def run_chunk(task: Any, run_id: str, items: list[dict[str, Any]]) -> int:
     loaded = task_file(task.app, run_id)
     worker = task.app.node_name(task.request)
     attempt = attempt_of(task.request)
-    cached = client.hmget(keys.run(run_id, "results"), [item["id"] for item in items])
+    cached = client.hmget(keys.run(run_id, RunPart.RESULTS), [item["id"] for item in items])
     pending: list[tuple[str, str]] = []
     last_flush = time.monotonic()
     for item, done in zip(items, cached):
@@ -59,9 +60,9 @@ def _flush(client: Any, run_id: str, records: list[tuple[str, str]]) -> bool:
     was cancelled. The cache is the durable copy; the ``ready`` list carries the same lines."""
     pipe = client.pipeline(transaction=False)
     if records:
-        pipe.hset(keys.run(run_id, "results"), mapping=dict(records))
-        pipe.rpush(keys.run(run_id, "ready"), *[line for _, line in records])
-    pipe.exists(keys.run(run_id, "cancel"))
+        pipe.hset(keys.run(run_id, RunPart.RESULTS), mapping=dict(records))
+        pipe.rpush(keys.run(run_id, RunPart.READY), *[line for _, line in records])
+    pipe.exists(keys.run(run_id, RunPart.CANCEL))
     cancelled = bool(pipe.execute()[-1])
     records.clear()
     return cancelled
@@ -77,7 +78,7 @@ def record_chunk_failure(sender: Any = None, task_id: str = "", exception: BaseE
         return
     run_id, items = args[0], args[1]
     client = sender.app.redis
-    results = keys.run(run_id, "results")
+    results = keys.run(run_id, RunPart.RESULTS)
     ids = [item["id"] for item in items]
     missing = [i for i, done in zip(ids, client.hmget(results, ids)) if done is None]
     if not missing:
@@ -85,7 +86,7 @@ def record_chunk_failure(sender: Any = None, task_id: str = "", exception: BaseE
     lines = {i: encode(Failure.of_chunk(i, exception, task_id)) for i in missing}
     pipe = client.pipeline(transaction=False)
     pipe.hset(results, mapping=lines)
-    pipe.rpush(keys.run(run_id, "ready"), *lines.values())
+    pipe.rpush(keys.run(run_id, RunPart.READY), *lines.values())
     pipe.execute()
 
 

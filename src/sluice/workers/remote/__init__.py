@@ -3,15 +3,11 @@
 from celery import signals
 
 from sluice.capability import Capability
-from sluice.client.remote.routing import remote_catalog
-from sluice.client.remote.settings import RemoteSettings
+from sluice.tasks.remote.call import REMOTE_TASK, SESSION_TASK
+from sluice.tasks.remote.classes import remote_catalog
+from sluice.tasks.remote.settings import RemoteSettings
 from sluice.workers.remote.bootstep import RemoteWorkerStep
-from sluice.workers.remote.call_task import (
-                    REMOTE_TASK,
-                    SESSION_TASK,
-                    run_remote,
-                    run_session,
-)
+from sluice.workers.remote.call_task import run_remote, run_session
 from sluice.workers.remote.sandbox import close_retired
 
 #: Remote functions: workers run signed calls in sandboxes; ``remote_classes`` must name classes.

@@ -11,8 +11,9 @@ from typing import Any
 
 from celery import bootsteps
 
-from sluice.client.remote.routing import RemoteBeat, remote_catalog
-from sluice.client.remote.settings import remote_settings
+from sluice.tasks.remote.classes import remote_catalog
+from sluice.tasks.remote.heartbeat import RemoteBeat
+from sluice.tasks.remote.settings import remote_settings
 from sluice.workers.bootstep import SluiceWorkerStep
 from sluice.workers.gpu import gpu_memory
 from sluice.workers.remote.package_envs import EnvironmentCache

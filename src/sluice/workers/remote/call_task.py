@@ -18,17 +18,20 @@ from typing import Any
 
 import psutil
 from celery.exceptions import Retry
+from celery.utils.nodenames import worker_direct
 
 from sluice import keys
-from sluice.client.remote.packages import normalize_packages, plan_install
-from sluice.client.remote.routing import accepts_remote, remote_class
-from sluice.client.remote.serialization import python_version
-from sluice.client.remote.settings import RemoteSettings, remote_settings
 from sluice.compute import Compute
 from sluice.errors import InvalidRequestError, MemoryExhausted, SandboxDied
 from sluice.headers import Headers
-from sluice.signing import decode, encode, seal, unseal
+from sluice.keys import SessionPart
+from sluice.signing import seal, unseal
 from sluice.tasks.escalation import Attempt
+from sluice.tasks.remote.call import Call, Reply, python_version
+from sluice.tasks.remote.classes import remote_catalog, remote_class
+from sluice.tasks.remote.packages import normalize_packages, plan_install
+from sluice.tasks.remote.session import SessionCall, SessionReply
+from sluice.tasks.remote.settings import RemoteSettings, remote_settings
 from sluice.units import format_size
 from sluice.workers.gpu import gpu_memory
 from sluice.workers.remote.package_envs import EnvironmentCache, base_distributions
@@ -36,8 +39,6 @@ from sluice.workers.remote.sandbox import Sandbox, forget_template
 
 log = logging.getLogger("sluice.remote")
 
-REMOTE_TASK = "sluice.remote.call"
-SESSION_TASK = "sluice.remote.session"
 OUTPUT_TTL = 3600
 #: Kept free between a sandbox's ceiling and the slot, so the sandbox monitor acts before the
 #: worker's watchdog would kill the whole pool process (which measures the two together).
@@ -64,8 +65,20 @@ class CallOutput:
         return lines
 
 
-def check_call(app: Any, request: Any, call: object) -> dict[str, Any]:
-    """The call's fields once its signature, Python version, queue and GPU memory are acceptable."""
+def accepts_remote(app: Any, routing_key: str, hostname: str | None) -> bool:
+    """Whether a message delivered on ``routing_key`` may run a remote call on this worker: a
+    remote class's queue, or this worker's own direct queue when it serves a remote class."""
+    catalog = remote_catalog(app)
+    if routing_key in catalog:
+        return True
+    if hostname and routing_key == worker_direct(hostname).name:
+        consumed = app.amqp.queues.consume_from or {}
+        return any(name in catalog for name in consumed)
+    return False
+
+
+def check_call(app: Any, request: Any, call: object) -> Call:
+    """The call once its signature, Python version, queue and GPU memory are acceptable."""
     fields = unseal(app.settings.signing_secret(), call)
     if fields.get("python") != python_version():
         raise InvalidRequestError(
@@ -81,7 +94,7 @@ def check_call(app: Any, request: Any, call: object) -> dict[str, Any]:
     if wanted and have is not None and have < wanted:
         raise InvalidRequestError(f"refusing remote call {fields.get('function')}: it reserves {format_size(wanted)} "
                                   f"of GPU memory and this worker's GPU has {format_size(have)}")
-    return fields
+    return Call.decode(fields)
 
 
 @dataclass(frozen=True)
@@ -98,21 +111,21 @@ class Room:
 
 
 @contextmanager
-def prepared(task: Any, fields: dict[str, Any], output: CallOutput) -> Iterator[tuple[Path | None, Room]]:
+def prepared(task: Any, call: Call, output: CallOutput) -> Iterator[tuple[Path | None, Room]]:
     """Validate the package list again, report what the base image provides, and yield the
     environment (installed or cached) and the room for the sandbox."""
     request, settings = task.request, remote_settings(task.app)
-    packages = normalize_packages(fields["packages"])
+    packages = normalize_packages(call.packages)
     plan = plan_install(packages, base_distributions())
     for line in plan.ignored:
         output(line)
     if not plan.install:
-        for module in fields.get("hints") or []:
+        for module in call.hints:
             if importlib.util.find_spec(module) is None:
                 output(f"sluice: the function imports {module}, which this worker does not have; list it in packages=")
-    slot = Attempt.of(task, request, request.delivery_info).compute.memory_bytes or fields["memory"]
-    room = Room(Headers.read(request).remote_start or fields["memory"],
-                fields.get("max_memory") or int(slot * settings.remote_memory_share),
+    slot = Attempt.of(task, request, request.delivery_info).compute.memory_bytes or call.memory
+    room = Room(Headers.read(request).remote_start or call.memory,
+                call.max_memory or int(slot * settings.remote_memory_share),
                 slot - psutil.Process().memory_info().rss - WATCHDOG_MARGIN)
     cache = EnvironmentCache(settings.envs_path, settings.env_cache_size, settings.fresh_env_per_call)
     with cache.environment(plan, output) as env:
@@ -131,78 +144,79 @@ def sandbox(env: Path | None, start: int, room: Room, settings: RemoteSettings, 
                    close_later=close_later)
 
 
-def run_remote(task: Any, call: dict[str, Any]) -> dict[str, Any]:
+def run_remote(task: Any, message: dict[str, Any]) -> dict[str, Any]:
     """Bound Celery task body (registered by every sluice App under ``REMOTE_TASK``)."""
     app, request, settings = task.app, task.request, remote_settings(task.app)
-    fields = check_call(app, request, call)
-    output = CallOutput(app.redis, keys.remote_output(request.id), bool(fields.get("stream")))
+    call = check_call(app, request, message)
+    output = CallOutput(app.redis, keys.remote_output(request.id), call.stream)
     headers = Headers.read(request)
     attempt = headers.attempt
     if attempt > 1:
         output(f"sluice: retry (attempt 2 of 2) in a fresh sandbox: the previous attempt's sandbox "
                f"{headers.remote_reason or 'ended without a complete response'}")
-    with prepared(task, fields, output) as (env, room):
+    with prepared(task, call, output) as (env, room):
         start = room.start
         while True:
             try:
                 with sandbox(env, start, room, settings, output, close_later=True) as box:
-                    reply = box.call(decode(fields["payload"]))
-                return seal(app.settings.signing_secret(), {
-                    "payload": encode(reply), "output": output.lines, "limits": box.limits,
-                    "attempt": attempt, "worker": app.node_name(request)})
+                    reply = box.call(call.payload)
+                return seal(app.settings.signing_secret(),
+                            Reply(reply, output.lines, box.limits, attempt, app.node_name(request)).encode())
             except SandboxDied as died:
                 if attempt >= 2:
                     raise MemoryExhausted(
-                        f"remote call {fields['function']} ended without a complete response twice; last: the sandbox "
-                        f"{died}. Raise memory=/max_memory= (now {format_size(fields['memory'])}/"
+                        f"remote call {call.function} ended without a complete response twice; last: the sandbox "
+                        f"{died}. Raise memory=/max_memory= (now {format_size(call.memory)}/"
                         f"{format_size(room.hard_max)}), or make the function use less\n" + "\n".join(output.lines)
                     ) from None
                 attempt, start = 2, min(int((died.killed_at or start) * settings.remote_growth_factor), room.hard_max)
                 if start > room.here:
-                    _republish(task, fields, start, str(died))
+                    _republish(task, call, start, str(died))
                 output(f"sluice: retrying once (attempt 2 of 2) in a fresh sandbox at {format_size(start)}: "
                        f"the sandbox {died}")
 
 
-def run_session(task: Any, call: dict[str, Any]) -> dict[str, Any]:
+def run_session(task: Any, message: dict[str, Any]) -> dict[str, Any]:
     """Bound Celery task body for ``SESSION_TASK``: one sandbox serving a session's calls until the
     client closes it or its lease expires. A sandbox that dies ends the session (never retried)."""
     app, request, settings = task.app, task.request, remote_settings(task.app)
-    fields = check_call(app, request, call)
-    secret, session = app.settings.signing_secret(), str(fields["session"])
-    calls, replies, lease = (keys.session(session, part) for part in ("calls", "replies", "lease"))
+    call = check_call(app, request, message)
+    secret, session = app.settings.signing_secret(), str(call.session)
+    calls, replies, lease = (keys.session(session, part) for part in (SessionPart.CALLS, SessionPart.REPLIES,
+                                                                         SessionPart.LEASE))
     output = CallOutput(app.redis, keys.remote_output(request.id), False)
     served = 0
-    with prepared(task, fields, output) as (env, room), sandbox(env, room.start, room, settings, output) as box:
+    with prepared(task, call, output) as (env, room), sandbox(env, room.start, room, settings, output) as box:
         while app.redis.exists(lease):
             item = app.redis.blpop([calls], timeout=1)
             if item is None:
                 continue
-            message = unseal(secret, json.loads(item[1]), f"a call of session {session}")
-            if message.get("close"):
+            sent = SessionCall.decode(unseal(secret, json.loads(item[1]), f"a call of session {session}"))
+            if sent.close:
                 return {"session": session, "calls": served, "ended": "closed by the client"}
-            reply: dict[str, Any] = {"n": message["n"], "worker": app.node_name(request)}
+            payload, error, memory = None, None, False
             try:
-                reply["payload"] = encode(box.call(decode(message["payload"])))
+                payload = box.call(sent.payload)
             except SandboxDied as died:
-                reply["error"] = (f"session {session}: the sandbox {died}; calls in a session are never retried "
-                                  "(a new sandbox would lose the session's state), and the session has ended")
-                reply["memory"] = died.memory
+                error = (f"session {session}: the sandbox {died}; calls in a session are never retried "
+                         "(a new sandbox would lose the session's state), and the session has ended")
+                memory = died.memory
             served += 1
-            app.redis.rpush(replies, json.dumps(seal(secret, reply | {"output": output.take(), "limits": box.limits})))
-            if "error" in reply:
-                return {"session": session, "calls": served, "ended": reply["error"]}
+            reply = SessionReply(sent.n, app.node_name(request), output.take(), box.limits, payload, error, memory)
+            app.redis.rpush(replies, json.dumps(seal(secret, reply.encode())))
+            if error is not None:
+                return {"session": session, "calls": served, "ended": error}
     return {"session": session, "calls": served, "ended": "lease expired (the client went away)"}
 
 
-def _republish(task: Any, fields: dict[str, Any], start: int, reason: str) -> None:
+def _republish(task: Any, call: Call, start: int, reason: str) -> None:
     """Send the retry to a class whose slot holds ``start``: this worker cannot."""
     request = task.request
-    target = remote_class(task.app, start, bool(fields.get("gpu")), fields["function"])
+    target = remote_class(task.app, start, call.gpu, call.function)
     slot = Compute.of(memory_bytes=target.slot.memory_bytes, gpu=target.slot.gpu)
     headers = {**(request.headers or {}), **Headers(2, slot, remote_start=start, remote_reason=reason).encode()}
     task.signature_from_request(request, queue=target.name, headers=headers).apply_async()
-    line = (f"remote call {fields['function']}[{request.id}]: the sandbox {reason}; retrying once at "
+    line = (f"remote call {call.function}[{request.id}]: the sandbox {reason}; retrying once at "
             f"{format_size(start)} on {target.name} (attempt 2 of 2)")
     log.warning(line)
     raise Retry(line)

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from sluice.client.remote.packages import InstallPlan, environment_key
 from sluice.errors import InvalidRequestError
+from sluice.tasks.remote.packages import InstallPlan, environment_key
 
 log = logging.getLogger("sluice.envs")
 READY = ".sluice-ready"

@@ -3,12 +3,12 @@
 Runs in the worker's main process. When the pool process running a task dies
 (WorkerLostError), the watchdog's record (or the SIGKILL) tells a memory kill from a crash, and
 the task's retry policy decides: publish the next attempt at a bigger size, or fail with
-:class:`MemoryKilled` / the attempt history.
+:class:`MemoryKilled` / the attempt history. It is part of the task (Celery reaches it through
+``ComputeTask.Request``), so it lives beside the task class, not in ``workers/``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -17,8 +17,8 @@ from billiard.exceptions import WorkerLostError
 from celery import states
 from celery.worker.request import Request
 
-from sluice import keys
 from sluice.errors import AttemptFailed, MemoryKilled, WorkerLost
+from sluice.tasks import memory_kill
 from sluice.tasks.escalation import Attempt, end_attempt
 from sluice.tasks.retry import Reason
 
@@ -49,10 +49,9 @@ class ComputeRequest(Request):
                                   return_ok=return_ok)
 
     def _why_lost(self, exc: WorkerLostError) -> tuple[Reason, str, BaseException]:
-        record = self.task.app.redis.get(keys.memory_kill(self.id))
-        if record is not None:
-            message = json.loads(record)["message"]
-            return Reason.MEMORY, message, MemoryKilled(message)
+        kill = memory_kill.read(self.task.app.redis, self.id)
+        if kill is not None:
+            return Reason.MEMORY, kill.message, MemoryKilled(kill.message)
         if "SIGKILL" in str(exc):
             return Reason.MEMORY, "killed by SIGKILL (likely the kernel's OOM killer)", exc
         return Reason.LOST, str(exc), exc

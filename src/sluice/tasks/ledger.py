@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import redis
 
 from sluice import keys
-from sluice.workers.heartbeat import read_heartbeat
+from sluice.tasks.heartbeat import read_heartbeat
 
 
 @dataclass(frozen=True)
