@@ -16,16 +16,16 @@ from rich.table import Table
 
 from sluice import redis_client, terminal
 from sluice.app import App
-from sluice.client.batch.cli import compute
-from sluice.client.batch.runs_commands import runs_group
+from sluice.cli.dead_letters import dead_letters_group
+from sluice.cli.deploy import autoscale, deploy, metrics
+from sluice.cli.profile import profile_group
+from sluice.cli.runs import runs_group
+from sluice.client.batch.launch import compute
 from sluice.compute import Compute
 from sluice.config import Settings, embedded_broker_url, fallback_memory
-from sluice.deploy.commands import autoscale, deploy, metrics
 from sluice.errors import NoQueueFits, SluiceError
 from sluice.units import format_size
 from sluice.queues.catalog import Catalog
-from sluice.queues.commands import dead_letters_group
-from sluice.tasks.commands import profile_group
 from sluice.workers.gpu import gpu_count
 
 console = terminal.console()
