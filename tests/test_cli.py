@@ -59,7 +59,7 @@ def test_worker_rejects_an_unknown_class() -> None:
 def test_bad_config_is_one_clear_line() -> None:
     result = sluice("status", SLUICE_DEFAULT_MEMORY="lots")
     assert result.returncode == 2
-    assert "memory 'lots' is not a quantity" in result.stdout + result.stderr
+    assert "memory 'lots' is not a quantity" in result.stderr   # one-line errors go to stderr, not into piped output
     assert "Traceback" not in result.stdout + result.stderr
 
 

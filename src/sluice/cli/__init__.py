@@ -46,9 +46,9 @@ for command in (worker, up, status, explain, check, demo, compute, runs_group, d
 
 
 def run() -> None:
-    """Entry point with sluice errors shown as one line instead of a traceback."""
+    """Entry point with sluice errors shown as one line on stderr instead of a traceback."""
     try:
         main()
     except SluiceError as exc:
-        terminal.console().print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        terminal.console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
