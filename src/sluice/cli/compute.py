@@ -51,9 +51,8 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
     Exit codes: 0 every item succeeded, 1 some failed, 130 interrupted (Ctrl-C), 2 usage,
     75 lost the broker for over two minutes (nothing failed: run again with --resume).
     """
-    # CLI start-up: the batch driver and what it imports (~25 ms)
-    from sluice.client.batch import launch
-    from sluice.client.batch.taskfile import TaskFile
+    from sluice.client.batch import launch  # CLI start-up: the batch driver, kombu's transport (~80 ms)
+    from sluice.client.batch.taskfile import TaskFile  # CLI start-up: launch's own import, so free here
 
     tf = TaskFile.load(task_file, list(task_args))
     if check_items is not None:

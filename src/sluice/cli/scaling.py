@@ -26,7 +26,7 @@ def autoscale(app_name: str, namespace: str, interval: float, cooldown: float, m
     api = kube_client.connect("sluice autoscale")
     from kubernetes import client  # the kubernetes extra, once connect has said whether it is installed
 
-    from sluice.deploy.autoscaler import Autoscaler
+    from sluice.deploy.autoscaler import Autoscaler  # the kubernetes extra (it imports the client)
     from sluice.deploy.metrics import serve  # CLI start-up: prometheus_client (~17 ms)
 
     app = load_app(app_name)
