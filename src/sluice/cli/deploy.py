@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ _render_options = [
 ]
 
 
-def render_options(command):  # noqa: ANN001, ANN201 - click decorator plumbing
+def render_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options every renderer takes, handed to ``command`` as one ``options: RenderOptions``."""
     @functools.wraps(command)
     def with_options(app_name: str, namespace: str, image: str, grace: int, sentinel: bool, **rest: Any) -> Any:
