@@ -24,6 +24,7 @@ import redis
 
 from sluice import keys
 from sluice._kombu import RedisLayout
+from sluice.deploy.embedded import private_dir
 
 #: The parts of ``keys.run(run_id, part)`` a run writes (torchrun's two included).
 RUN_PARTS = ("skip", "results", "ready", "source", "cancel", "finished", "ranks_left")
@@ -107,8 +108,6 @@ class RunRecord:
         self.write(home)
 
     def write(self, home: Path) -> None:
-        from sluice.deploy.embedded import private_dir
-
         path = private_dir(run_dir(home, self.run_id)) / "run.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self)))
