@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,16 @@ def test_python_m_sluice_help() -> None:
     assert result.returncode == 0
     for command in ("demo", "up", "worker", "status", "explain"):
         assert command in result.stdout
+
+
+def test_the_command_loads_what_a_command_runs_only_when_it_runs() -> None:
+    """`sluice --help` (and every command) starts without the batch driver, the demo app,
+    prometheus_client or the kubernetes client: cli/ imports them in the command that needs them."""
+    probe = "import sys, json; import sluice.cli; print(json.dumps(sorted(sys.modules)))"
+    loaded = set(json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                                           timeout=60, cwd=ROOT).stdout))
+    assert not loaded & {"sluice.client.batch.launch", "sluice.client.batch.driver", "sluice.demo",
+                         "sluice.deploy.metrics", "prometheus_client", "kubernetes"}, sorted(loaded)
 
 
 @pytest.mark.usefixtures("redis_server")
@@ -59,12 +70,11 @@ def test_worker_rejects_an_unknown_class() -> None:
 def test_bad_config_is_one_clear_line() -> None:
     result = sluice("status", SLUICE_DEFAULT_MEMORY="lots")
     assert result.returncode == 2
-    assert "memory 'lots' is not a quantity" in result.stdout + result.stderr
+    assert "memory 'lots' is not a quantity" in result.stderr   # one-line errors go to stderr, not into piped output
     assert "Traceback" not in result.stdout + result.stderr
 
 
 def test_check_exit_codes(redis_server: object) -> None:
-    import json
     import time
 
     from sluice import keys

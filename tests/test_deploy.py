@@ -264,8 +264,8 @@ def test_no_kubeconfig_is_one_line_and_exit_69(tmp_path: Path, command: list[str
     out = _sluice_cli(*command, env={"KUBECONFIG": str(tmp_path / "missing"), "HOME": str(tmp_path)})
     assert out.returncode == 69, out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
-    lines = out.stdout.strip().splitlines()
-    assert len(lines) == 1 and "no cluster to talk to" in lines[0] and "KUBECONFIG" in lines[0], out.stdout
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no cluster to talk to" in lines[0] and "KUBECONFIG" in lines[0], out.stderr
 
 
 @pytest.mark.parametrize("command", [["deploy", "diff"], ["autoscale", "-A", "sluice.demo", "--metrics-port", "0"]],
@@ -281,14 +281,14 @@ def test_an_api_server_that_does_not_answer_is_one_line_and_exit_69(tmp_path: Pa
     out = _sluice_cli(*command, env={"KUBECONFIG": str(kubeconfig)})
     assert out.returncode == 69, out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
-    assert f"the Kubernetes API server at {dead} does not answer" in out.stdout
+    assert f"the Kubernetes API server at {dead} does not answer" in out.stderr
 
 
 def test_without_the_kubernetes_extra_the_deploy_commands_name_it(tmp_path: Path) -> None:
     """kubernetes is an extra: without it `sluice deploy apply` says which extra to install,
     while render (pure YAML) and the rest of sluice work without it."""
     out = _sluice_cli("deploy", "apply", env={}, hide_kubernetes=True)
-    assert out.returncode == 2 and "pip install 'sluice[kubernetes]'" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 2 and "pip install 'sluice[kubernetes]'" in out.stderr, out.stdout + out.stderr
     rendered = _sluice_cli("deploy", "render", "--out", str(tmp_path), env={}, hide_kubernetes=True)
     assert rendered.returncode == 0 and (tmp_path / "sluice.yaml").exists(), rendered.stdout + rendered.stderr
     imports = subprocess.run(

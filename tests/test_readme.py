@@ -189,7 +189,7 @@ def _a_second_up_is_refused(env: dict[str, str], cwd: Path, first: int) -> None:
     second = subprocess.run(["sluice", "up", "-A", "myapp.tasks"], cwd=cwd, env=env, capture_output=True, text=True,
                             timeout=60)
     assert second.returncode == 2, second.stdout + second.stderr
-    assert f"is already in use by sluice up (pid {first})" in second.stdout, second.stdout
+    assert f"is already in use by sluice up (pid {first})" in second.stderr, second.stdout + second.stderr
 
 
 def _no_secret_in_any_argv(up_pid: int, url: str) -> None:

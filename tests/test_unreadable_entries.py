@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 
 from sluice import _kombu, entries, keys
 from sluice.cli import main
-from sluice.client.batch import recovery, runs_commands
+from sluice.cli import runs as runs_commands
+from sluice.client.batch import recovery
 from sluice.compute import Compute
 from sluice.deploy.embedded import EmbeddedRedis, free_port
 from sluice.deploy.metrics import ClassMetrics, TaskMetrics

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from sluice import App, Compute
+from sluice.queues.status import class_status
 
 app = App("sluice.demo")
 
@@ -42,8 +43,6 @@ SUBMISSIONS = ((word_count, ("the quick brown fox jumps",)), (join_tables, (1_00
 
 def serving_classes(wait: float) -> set[str]:
     """The classes some worker serves, once each class has one or ``wait`` seconds passed."""
-    from sluice.queues.status import class_status
-
     deadline = time.monotonic() + wait
     while True:
         served = {row.resource_class.name for row in class_status(app.redis, app.catalog) if row.workers}

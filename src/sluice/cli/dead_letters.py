@@ -5,22 +5,24 @@ from __future__ import annotations
 import datetime
 
 import click
+import redis
 from rich.table import Table
 
 from sluice import _kombu
+from sluice.cli.common import app_option, broker_client, console, load_app
 from sluice.queues import dead_letters
 
-_app_option = click.option("-A", "--app", "app_name", default=None,
-                           help="App whose broker (and transport options) to use (default: the configured one).")
+_app_option = app_option("App whose broker (and transport options) to use (default: the configured one).")
 _number_option = click.option("-n", "--number", type=click.IntRange(min=0), default=None,
                               help="Only the dead letter with this number (from `list`); default: all of them.")
 
 
-def _broker(app_name: str | None):
-    from sluice.cli import broker_client, load_app
-
-    layout = _kombu.RedisLayout.of_app(load_app(app_name)) if app_name else _kombu.RedisLayout()
-    return broker_client(app_name)[0], layout
+def _broker(app_name: str | None) -> tuple[redis.Redis, _kombu.RedisLayout]:
+    """The broker and the layout of its queues: the app's (its transport options), else the defaults."""
+    if app_name:
+        app = load_app(app_name)
+        return app.redis, _kombu.RedisLayout.of_app(app)
+    return broker_client(None).client, _kombu.RedisLayout()
 
 
 @click.group("dead-letters")
@@ -42,8 +44,6 @@ def dead_letters_group() -> None:
 @_app_option
 def list_(queue: str | None, limit: int, app_name: str | None) -> None:
     """Without QUEUE: dead letters kept and counted per queue. With QUEUE: its newest ones."""
-    from sluice.cli import console
-
     client, layout = _broker(app_name)
     if queue is None:
         table = Table(title="dead letters")

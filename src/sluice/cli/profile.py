@@ -5,12 +5,11 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from sluice import terminal
+from sluice.cli.common import app_option, broker_client, console
 from sluice.tasks import memory_profile
 from sluice.units import format_size
 
-_app_option = click.option("-A", "--app", "app_name", default=None,
-                           help="App whose broker to use (default: the configured one).")
+_app_option = app_option("App whose broker to use (default: the configured one).")
 
 
 @click.group("profile")
@@ -28,8 +27,6 @@ def profile_group() -> None:
 @_app_option
 def show(task: str | None, app_name: str | None) -> None:
     """Runs observed, p50, p95 and peak memory, and memory kills, per task (or for TASK)."""
-    from sluice.cli import broker_client
-
     client = broker_client(app_name).client
     names = [task] if task else memory_profile.observed_tasks(client)
     table = Table(title="observed memory")
@@ -39,7 +36,7 @@ def show(task: str | None, app_name: str | None) -> None:
         found = memory_profile.read(client, name)
         table.add_row(name, str(found.count), format_size(found.p50), format_size(found.p95), format_size(found.peak),
                       str(found.kills))
-    terminal.console().print(table)
+    console.print(table)
 
 
 @profile_group.command("reset")
@@ -48,8 +45,6 @@ def show(task: str | None, app_name: str | None) -> None:
 def reset(task: str, app_name: str | None) -> None:
     """Forget TASK's observed runs: a `memory="auto"` task runs at the default memory again until it
     has enough new ones."""
-    from sluice.cli import broker_client
-
     if memory_profile.reset(broker_client(app_name).client, task):
         click.echo(f"reset the memory profile of {task}")
     else:

@@ -1,28 +1,29 @@
-"""``sluice deploy render|apply|diff``, ``sluice autoscale`` and ``sluice metrics``."""
+"""``sluice deploy render|compose|apply|diff``: the catalog as Kubernetes manifests (or a compose
+file), and those manifests against a cluster."""
 
 from __future__ import annotations
 
 import functools
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from sluice.cli.common import app_option, load_app
 from sluice.deploy import kube_client
+from sluice.deploy.compose import render_compose
 from sluice.deploy.manifests import Manifest, RenderOptions, render, to_yaml
 
 
 def _rendered(options: RenderOptions) -> dict[str, list[Manifest]]:
-    from sluice.cli import load_app
-
     return render(load_app(options.app).catalog, options)
 
 
 _render_options = [
-    click.option("-A", "--app", "app_name", default="sluice.demo", show_default=True,
-                 help="Module holding the sluice App: its catalog sizes the workers, and the pods run it."),
+    app_option("Module holding the sluice App: its catalog sizes the workers, and the pods run it.",
+               default="sluice.demo"),
     click.option("--namespace", default="sluice", show_default=True),
     click.option("--image", default=RenderOptions.image, show_default=True, help="Image with your app installed."),
     click.option("--grace", default=RenderOptions.grace_seconds, show_default=True,
@@ -32,7 +33,7 @@ _render_options = [
 ]
 
 
-def render_options(command):  # noqa: ANN001, ANN201 - click decorator plumbing
+def render_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options every renderer takes, handed to ``command`` as one ``options: RenderOptions``."""
     @functools.wraps(command)
     def with_options(app_name: str, namespace: str, image: str, grace: int, sentinel: bool, **rest: Any) -> Any:
@@ -72,9 +73,6 @@ def render_command(options: RenderOptions, out: Path | None) -> None:
               help="Write the file here (default: stdout).")
 def compose_command(options: RenderOptions, out: Path | None) -> None:
     """Render docker-compose.yml: the same topology for development (gpu workers in the gpu profile)."""
-    from sluice.cli import load_app
-    from sluice.deploy.compose import render_compose
-
     if options.redis_sentinel:
         raise click.UsageError("--sentinel is for Kubernetes: compose runs one Redis, for development")
     text = to_yaml([render_compose(load_app(options.app).catalog, options)])
@@ -93,7 +91,7 @@ def compose_command(options: RenderOptions, out: Path | None) -> None:
 def apply_command(options: RenderOptions, keda: bool, dry_run: bool) -> None:
     """Create or update every object (server-side apply: running it twice changes nothing)."""
     api = kube_client.connect("sluice deploy apply")
-    from sluice.deploy import kube
+    from sluice.deploy import kube  # the kubernetes extra, once connect has said whether it is installed
 
     files = _rendered(options)
     docs = files["sluice.yaml"] + (files["keda.yaml"] if keda else files["autoscaler.yaml"])
@@ -109,55 +107,10 @@ def diff_command(options: RenderOptions, keda: bool) -> None:
     """Show what `apply` would change, as a unified diff per object (exit 1 when there is any;
     69 when there is no cluster to compare with)."""
     api = kube_client.connect("sluice deploy diff")
-    from sluice.deploy import kube
+    from sluice.deploy import kube  # the kubernetes extra, once connect has said whether it is installed
 
     files = _rendered(options)
     with kube_client.reaching(api):
         text = kube.diff(api, files["sluice.yaml"] + (files["keda.yaml"] if keda else files["autoscaler.yaml"]))
     click.echo(text, nl=False)
     sys.exit(1 if text else 0)
-
-
-@click.command()
-@click.option("-A", "--app", "app_name", required=True, help="Module holding the sluice App.")
-@click.option("--namespace", default="sluice", show_default=True)
-@click.option("--interval", default=5.0, show_default=True, help="Seconds between reconciliations.")
-@click.option("--cooldown", default=60.0, show_default=True, help="Seconds after a change before scaling down.")
-@click.option("--max-step-up", default=10, show_default=True)
-@click.option("--max-step-down", default=2, show_default=True)
-@click.option("--metrics-port", default=9100, show_default=True, help="Serve Prometheus /metrics here (0: off).")
-def autoscale(app_name: str, namespace: str, interval: float, cooldown: float, max_step_up: int,
-              max_step_down: int, metrics_port: int) -> None:
-    """Scale each class's worker Deployment on its queue, draining idle workers before scaling down
-    (for clusters without KEDA)."""
-    api = kube_client.connect("sluice autoscale")
-    from kubernetes import client
-
-    from sluice.cli import load_app
-    from sluice.deploy.autoscaler import Autoscaler
-    from sluice.deploy.metrics import serve
-
-    app = load_app(app_name)
-    with kube_client.reaching(api):   # a cluster that does not answer now is an error, later only a log line
-        client.CoreV1Api(api).list_namespaced_pod(namespace, limit=1)
-    if metrics_port:
-        serve(app.redis, app.catalog, metrics_port, intake=app.settings.intake_queue)
-    Autoscaler(app.redis, app.catalog, client.AppsV1Api(api), client.CoreV1Api(api), namespace, app.control,
-               interval=interval, cooldown=cooldown, max_step_up=max_step_up, max_step_down=max_step_down).run()
-
-
-@click.command()
-@click.option("-A", "--app", "app_name", default=None, help="App whose catalog to report (default: configured).")
-@click.option("--port", default=9100, show_default=True)
-@click.option("--address", default="127.0.0.1", show_default=True)
-def metrics(app_name: str | None, port: int, address: str) -> None:
-    """Serve Prometheus metrics per class (queued, reserved, running, workers, escalations, memory
-    kills) for docker-compose or local use."""
-    from sluice.cli import broker_client
-    from sluice.deploy.metrics import serve
-
-    broker = broker_client(app_name)
-    serve(broker.client, broker.catalog, port, address, intake=broker.settings.intake_queue)
-    click.echo(f"serving http://{address}:{port}/metrics")
-    while True:
-        time.sleep(3600)

@@ -1,4 +1,5 @@
-"""``sluice compute task.py``: run plan()/execute() over workers with a durable sink."""
+"""What ``sluice compute task.py`` does: start a batch run (its broker, secret, sink, local workers
+and torchrun ranks), drive it to its end, and say how it ended; or ``--check`` a task file here."""
 
 from __future__ import annotations
 
@@ -6,11 +7,10 @@ import hashlib
 import os
 import secrets
 import signal
-import sys
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -55,69 +55,31 @@ class RunOptions:
     quarantine_after: int
 
 
-@click.command(context_settings={"ignore_unknown_options": False})
-@click.argument("task_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("task_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--check", "check_items", is_flag=False, flag_value=3, type=int, default=None,
-              help="Run plan() and execute() in this process on the first N items (default 3); no broker needed.")
-@click.option("-w", "--workers", type=int, default=None, help="Start N local workers on a run-private queue.")
-@click.option("--per-worker", type=int, default=1, show_default=True, help="Concurrent slots per local worker.")
-@click.option("--python", "python", default=sys.executable, show_default="this Python",
-              help="Interpreter for local workers (it must have sluice installed).")
-@click.option("--retries", type=int, default=0, show_default=True,
-              help="Infrastructure retries (worker lost, killed); business failures are never retried.")
-@click.option("--results", "results_mode", type=click.Choice(["ndjson", "summary", "quiet"]), default="summary",
-              show_default=True, help="ndjson: every record on stdout as it lands; summary: counts at the end.")
-@click.option("--sink", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Directory for ready.ndjson, failures.ndjson and checkpoint.json (durable results).")
-@click.option("--resume", is_flag=True, help="Skip ids already in the sink (ready, and failed ones).")
-@click.option("--rerun-failed", is_flag=True, help="With --resume: run the ids recorded as failed again.")
-@click.option("--observe", is_flag=True, help="Show live progress (a plain line per interval when not a terminal).")
-@click.option("--traj", is_flag=True,
-              help="Also write the results as a Lance dataset, <sink>/results.lance (needs pylance).")
-@click.option("--broker", default=None, help="Redis URL (default: SLUICE_BROKER_URL, else an embedded Redis).")
-@click.option("--run-id", default=None, help="Name of the run (default: derived from --sink, so --resume finds it).")
-@click.option("--quarantine-after", type=int, default=3, show_default=True,
-              help="Stop sending items to a worker after this many infrastructure failures on it.")
-@click.option("--keep", is_flag=True,
-              help="Keep the run's directory (and a default sink) past run_ttl; its Redis data expires anyway.")
-def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None, workers: int | None,
-            per_worker: int, python: str, retries: int, results_mode: str, sink: Path | None, resume: bool,
-            rerun_failed: bool, observe: bool, traj: bool, broker: str | None, run_id: str | None,
-            quarantine_after: int, keep: bool) -> None:
-    """Run TASK_FILE's plan() items through execute() on workers. Arguments after `--` go to the
-    file's own argparse, exactly as `python TASK_FILE ...` would get them.
-
-    \b
-      sluice compute task.py --check -- --n 2
-      sluice compute task.py -w 4 --sink /tmp/run1 -- --n 1000
-      sluice compute task.py -w 4 --sink /tmp/run1 --resume --observe -- --n 1000
-      torchrun --nproc_per_node=2 --no-python -- sluice compute task.py --sink /tmp/run2 -- --n 1000
-
-    Exit codes: 0 every item succeeded, 1 some failed, 130 interrupted (Ctrl-C), 2 usage,
-    75 lost the broker for over two minutes (nothing failed: run again with --resume).
-    """
-    tf = TaskFile.load(task_file, list(task_args))
-    if check_items is not None:
-        sys.exit(_check(tf, check_items))
+def run_task_file(tf: TaskFile, options: RunOptions, sink: Path | None, broker: str | None, run_id: str | None,
+                  keep: bool, traj: bool) -> int:
+    """A run of ``tf``'s items on workers, into ``sink`` (default: the run's own directory), on
+    ``broker`` (default: the configured one, else a Redis of the run's own); returns the exit code.
+    Under torchrun, rank 0 drives the run and every other rank serves it with local workers."""
     if traj:
         require_lance()
     settings = Settings.load()
     ranks = Ranks.from_env()
     if ranks is not None and ranks.world_size > 1:
-        workers = workers or 1  # under torchrun every rank runs local workers
+        options = replace(options, workers=options.workers or 1)  # under torchrun every rank runs local workers
         if not ranks.drives:
-            sys.exit(_serve_rank(ranks, broker or settings.broker_url, workers, per_worker, python, settings))
+            return _serve_rank(ranks, broker or settings.broker_url, options.workers or 1, options.per_worker,
+                               options.python, settings)
     else:
         ranks = None
     url = broker or settings.broker_url
-    if url is None and workers is None:
-        workers = 1
-    secret = run_secret(settings, workers is not None, meet_through_redis=ranks is not None and url is not None)
+    if url is None and options.workers is None:
+        options = replace(options, workers=1)
+    secret = run_secret(settings, options.workers is not None,
+                        meet_through_redis=ranks is not None and url is not None)
     if run_id is None:
         run_id = hashlib.sha1(str(sink.resolve()).encode()).hexdigest()[:16] if sink else uuid.uuid4().hex[:16]
     sink_dir = sink or runs.run_dir(settings.home, run_id)
-    if sink and not resume and any((sink_dir / n).exists() for n in ("ready.ndjson", "failures.ndjson")):
+    if sink and not options.resume and any((sink_dir / n).exists() for n in ("ready.ndjson", "failures.ndjson")):
         raise click.UsageError(f"{sink_dir} already holds results: pass --resume to continue that run, or use a "
                                "fresh --sink directory")
     runs.sweep(settings.home, settings.run_ttl)
@@ -139,8 +101,6 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
             own = {} if secret == settings.signing_secret() else {"secret": secret}   # never the cluster's
             torchrun.share_run(ranks, {"broker": url, "run_id": run_id, "queue": runs.private_queue(run_id), **own},
                                broker or settings.broker_url)
-        options = RunOptions(workers, per_worker, python, retries, results_mode, resume, rerun_failed, observe,
-                             quarantine_after)
         code = _run(tf, url, run_id, sink_dir, options, settings, secret, ranks)
         if ranks:
             torchrun.release(client, ranks, run_id, code)
@@ -153,11 +113,11 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
     if traj:
         path, rows = write_trajectory(sink_dir)
         console.print(f"wrote Lance dataset {path} ({rows} rows)")
-    sys.exit(code)
+    return code
 
 
-def _check(tf: TaskFile, count: int) -> int:
-    """``--check``: the first ``count`` items in this process, each printed as the record a real
+def check(tf: TaskFile, count: int) -> int:
+    """``sluice compute --check``: the first ``count`` items in this process, each printed as the record a real
     run would write (encoded the same way); exit 1 if any failed, as a real run does."""
     failed = 0
     for item in islice(tf.plan(), count):

@@ -10,24 +10,24 @@ import click
 import redis
 from rich.table import Table
 
-from sluice import entries, keys, redis_client, terminal
+from sluice import entries, keys
+from sluice.cli.common import configured_broker_url, console, format_age, reader
 from sluice.client.batch import runs
-from sluice.config import Settings, embedded_broker_url
+from sluice.config import Settings
 from sluice.units import format_size
-
-console = terminal.console()
 
 
 def _broker(settings: Settings) -> redis.Redis | None:
     """The configured broker (or a running `sluice up`'s), if there is one and it answers."""
-    url = settings.broker_url or embedded_broker_url(settings.home)
+    url = configured_broker_url(settings)
     if not url:
         return None
-    client = redis_client.connect(url, wait_out_outages=False, socket_timeout=5)
+    client = reader(url)
     try:
         client.ping()
     except redis.RedisError:
-        console.print(f"[yellow]the broker {runs.describe_broker(url)} does not answer: its runs are not listed[/yellow]")
+        console.print(f"[yellow]the broker {runs.describe_broker(url)} does not answer: "
+                      "its runs are not listed[/yellow]")
         return None
     return client
 
@@ -37,13 +37,6 @@ def _on_broker(client: redis.Redis) -> set[str]:
     head, tail = keys.run("\0", "source").split("\0")
     return set(entries.decode_each("run key name", client.scan_iter(match=keys.run("*", "source")),
                                    lambda key: key.decode()[len(head):-len(tail)]))
-
-
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if abs(seconds) >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 @click.group("runs", invoke_without_command=True)
@@ -73,12 +66,13 @@ def runs_group(ctx: click.Context) -> None:
         if not record.default_sink:
             disk += runs.disk_bytes(Path(record.sink))
         expires = record.expires_at(settings.run_ttl)
-        table.add_row(run_id, f"{_age(now - record.started)} ago", _state(record), record.broker, in_redis,
-                      format_size(disk), "kept" if record.keep else "-" if expires is None else f"in {_age(expires - now)}",
-                      record.sink)
-    for run_id in sorted(remote - set(local)):
-        table.add_row(run_id, "?", "on the broker (started elsewhere)", "broker",
-                      format_size(runs.redis_bytes(client, run_id)), "-", "by its TTL", "?")
+        expiry = "kept" if record.keep else "-" if expires is None else f"in {format_age(expires - now)}"
+        table.add_row(run_id, f"{format_age(now - record.started)} ago", _state(record), record.broker, in_redis,
+                      format_size(disk), expiry, record.sink)
+    if client is not None:
+        for run_id in sorted(remote - set(local)):
+            table.add_row(run_id, "?", "on the broker (started elsewhere)", "broker",
+                          format_size(runs.redis_bytes(client, run_id)), "-", "by its TTL", "?")
     console.print(table)
 
 

@@ -1,0 +1,108 @@
+"""``sluice status`` and ``sluice explain``: what the cluster holds per class, and where each task
+routes and why."""
+
+from __future__ import annotations
+
+import time
+
+import click
+import redis
+from rich.table import Table
+
+from sluice.cli.common import Broker, app_option, broker_client, console, format_age, load_app, reader
+from sluice.compute import Compute
+from sluice.config import fallback_memory
+from sluice.errors import NoQueueFits
+from sluice.queues import task_catalog
+from sluice.queues.status import class_status, intake_status, tasks_by_class
+from sluice.tasks import memory_profile
+from sluice.units import format_size
+
+
+@click.command()
+@app_option("App whose catalog to use (default: the configured one).")
+def status(app_name: str | None) -> None:
+    """Per resource class: queue depth, workers online, tasks running, slot size, and the tasks
+    of the cluster's task catalog it serves; then the intake queue (plain Celery clients' tasks
+    waiting to be forwarded)."""
+    broker = broker_client(app_name)
+    try:
+        rows = class_status(broker.client, broker.catalog)
+        intake = intake_status(broker.client, broker.settings.intake_queue)
+        serves = tasks_by_class(task_catalog.read(broker.client), broker.catalog)
+    except redis.RedisError as exc:
+        raise click.ClickException(f"cannot read the broker: {exc}") from None
+    table = Table(title="sluice status")
+    for column in ("class", "queued", "workers", "running", "slots", "slot size", "tasks"):
+        table.add_column(column, justify="left" if column in ("class", "slot size", "tasks") else "right")
+    for row in rows:
+        name = row.resource_class.name
+        table.add_row(name, str(row.queued), str(row.workers), str(row.running), str(row.slots),
+                      row.resource_class.slot.describe(), ", ".join(serves.get(name, [])) or "-")
+    table.add_row(f"{intake.queue} (intake)", str(intake.queued), str(intake.workers), "-", "-", "-",
+                  "forwarded to the class that fits")
+    console.print(table)
+    if serves.get("?"):
+        console.print(f"[yellow]no class here holds[/yellow] {', '.join(serves['?'])}")
+
+
+@click.command()
+@app_option("Module (or module:attr) holding the sluice App. Without it, the tasks come from the cluster's "
+            "task catalog (what running workers registered) and the classes from the settings.")
+@click.option("--from-cluster", is_flag=True,
+              help="With -A: read the tasks from the cluster's task catalog instead of the app's code "
+                   "(the app's classes still route them).")
+def explain(app_name: str | None, from_cluster: bool) -> None:
+    """For each task: declared compute, effective compute, retry policy, the class it routes to,
+    and the memory its runs were observed to use (p50/p95/peak, runs), flagged when the declared
+    memory is over twice the p95 (over-provisioned) or runs were killed for memory."""
+    from_code = bool(app_name) and not from_cluster
+    if from_code:
+        app = load_app(str(app_name))
+        broker = Broker(reader(app.conf.broker_url, timeout=2), app.catalog, app.settings)
+        entries = task_catalog.entries_of(app, "this code")
+    else:
+        broker = broker_client(app_name)
+        try:
+            entries = list(task_catalog.read(broker.client).values())
+        except redis.RedisError as exc:
+            raise click.ClickException(f"cannot read the broker: {exc}") from None
+        if not entries:
+            raise click.ClickException("the task catalog is empty: no sluice worker has started against this "
+                                       "broker yet (give -A to read an app's code instead)")
+    table = Table(title=f"routing for {app_name}" if from_code else "routing of the cluster's task catalog")
+    for column in ("task", "declared", "effective", "retry", "class", "observed p50/p95/peak (runs)", "flag",
+                   *(() if from_code else ("published by",))):
+        table.add_column(column)
+    for entry in sorted(entries, key=lambda e: e.name):
+        try:
+            observed = memory_profile.read(broker.client, entry.name)
+        except redis.RedisError:
+            observed = None
+        effective = memory_profile.with_learned_memory(
+            entry.effective, observed or memory_profile.EMPTY, broker.settings,
+            entry.fallback or fallback_memory(Compute(), broker.settings))
+        try:
+            where = broker.catalog.route(effective, entry.name).name
+        except NoQueueFits:
+            where = "[red]no class fits[/red]"
+        cells = [entry.name, entry.declared.describe() if entry.declared else "(default)", effective.describe(),
+                 entry.retry.describe() if entry.retry is not None else "-", where, *_observed(observed, effective)]
+        if not from_code:
+            cells.append(f"{entry.worker}, {format_age(max(time.time() - entry.at, 0))} ago")
+        table.add_row(*cells)
+    console.print(table)
+    console.print("classes, smallest first: " + "; ".join(rc.describe() for rc in broker.catalog))
+
+
+def _observed(profile: memory_profile.MemoryProfile | None, effective: Compute) -> tuple[str, str]:
+    """The observed-memory and flag cells of `sluice explain`."""
+    if profile is None or not profile.count:
+        return "-", ""
+    sizes = "/".join(format_size(v) for v in (profile.p50, profile.p95, profile.peak))
+    flags = []
+    if effective.memory_bytes and effective.memory_bytes > 2 * profile.p95:
+        flags.append("over-provisioned")
+    if profile.kills:
+        flags.append(f"under-provisioned: {profile.kills} memory kill(s)")
+    return f"{sizes} ({profile.count})", ", ".join(flags)
