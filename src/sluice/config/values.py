@@ -74,7 +74,7 @@ class Number(Kind):
 
     @property
     def accepted(self) -> str:
-        low, high = f"{self.low:g}", f"{self.high:g}"
+        low, high = (f"{int(x)}" if float(x).is_integer() else f"{x:g}" for x in (self.low, self.high))
         span = f"above {low} and at most {high}" if self.low_open else f"from {low} to {high}"
         return f"must be a positive{' whole' if self.whole else ''} number {span}"
 
