@@ -7,14 +7,16 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from sluice import Compute, Settings
 from sluice.client.remote.settings import RemoteSettings
-from sluice.config import UpState, embedded_broker_url, setting_keys
+from sluice.config import Section, UpState, embedded_broker_url, setting, setting_keys
 from sluice.config.up import embedded_state
+from sluice.config.values import Flag
 from sluice.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,6 +146,17 @@ def test_a_section_is_read_from_every_layer_with_its_declared_defaults(tmp_path:
     assert (remote.remote_memory, remote.env_cache_size, remote.stream_logs) == (3 << 30, 1 << 30, True)
     assert remote.envs_path == Path("/srv/sluice/envs")  # home: the core setting of the same name
     assert (remote.remote_growth_factor, remote.remote_classes, remote.fresh_env_per_call) == (2.0, None, False)
+
+
+def test_a_section_that_declares_a_setting_again_is_refused(tmp_path: Path) -> None:
+    """The core and every section share one flat namespace of keys: a key declared twice is an error."""
+
+    @dataclass(frozen=True)
+    class Clash(Section):
+        stream_logs: bool = setting(Flag(), "the remote section's, declared again", default=False)
+
+    with pytest.raises(ConfigurationError, match="setting stream_logs is declared twice"):
+        Settings.load(cwd=tmp_path, env={}, sections=[RemoteSettings, Clash])
 
 
 def test_the_readme_configuration_table_lists_every_declared_setting() -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.config.values import Kind
+from sluice.errors import ConfigurationError
 
 #: The field metadata key under which a setting's declaration is kept.
 _SPEC = "sluice.setting"
@@ -58,8 +59,16 @@ def setting_keys(cls: type) -> tuple[str, ...]:
 
 
 def kinds(classes: Iterable[type]) -> dict[str, Kind]:
-    """Every key the settings of ``classes`` are read from, with the kind that reads it."""
-    return {key: spec.kind for cls in classes for spec in specs(cls).values() for key in spec.keys}
+    """Every key the settings of ``classes`` are read from, with the kind that reads it; a key two
+    of them declare is an error (the flat namespace is shared by the core and every section)."""
+    found: dict[str, Kind] = {}
+    for cls in classes:
+        for spec in specs(cls).values():
+            for key in spec.keys:
+                if key in found:
+                    raise ConfigurationError(f"setting {key} is declared twice (again by {cls.__name__})")
+                found[key] = spec.kind
+    return found
 
 
 def env_name(key: str) -> str:
