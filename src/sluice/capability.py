@@ -13,8 +13,9 @@ config, keys, app, the core worker) imports none of them. A capability declares:
   heartbeat fields does so through the core step (``worker.sluice.add_heartbeat_fields``);
 * ``worker_options``: extra ``celery worker`` command-line options (``app.user_options``);
 * ``signals``: Celery signal handlers, connected once per process;
-* ``settings``: its settings section (a :class:`sluice.config.Section`), read with the rest
-  of the settings and validated when they are loaded;
+* ``settings``: its settings section (a :class:`sluice.config.Section`, each setting declared
+  with :func:`sluice.config.setting`), read with the rest of the settings and validated when
+  they are loaded;
 * ``check``: declaration-time checks against the app (e.g. a setting naming a class).
 """
 
