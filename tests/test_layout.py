@@ -57,6 +57,28 @@ def test_unknown_task_option_is_rejected_at_declaration_naming_it_and_the_accept
     assert fine.compute == Compute(memory="1Gi")
 
 
+def test_a_capability_declares_the_task_options_it_adds() -> None:
+    """``result_args`` is the batch capability's option, not the core's: an app with batch runs
+    accepts it (and names it among sluice's options), an app without them refuses it."""
+    from sluice import App
+    from sluice.workers.batch import BATCH
+
+    assert "result_args" in BATCH.accepted_task_options
+    with_batch = App("with_batch", broker="redis://127.0.0.1:1/0", capabilities=[BATCH])
+
+    @with_batch.task(result_args=False)
+    def bulky(items: list[int]) -> None: ...
+
+    assert bulky.result_args is False
+    with pytest.raises(ConfigurationError, match=r"unknown task option 'compue'; sluice accepts compute, retry, "
+                                                 r"result_args and Celery's own"):
+        with_batch.task(compue=Compute(memory="1Gi"))
+    bare = App("bare_options", broker="redis://127.0.0.1:1/0", capabilities=[])
+    with pytest.raises(ConfigurationError, match=r"unknown task option 'result_args'; sluice accepts compute, retry "
+                                                 r"and Celery's own"):
+        bare.task(result_args=False)
+
+
 def test_unknown_remote_class_is_rejected_when_settings_load(tmp_path: Path) -> None:
     """A ``remote_classes`` naming a class that does not exist fails at load, naming it and the classes."""
     with pytest.raises(ConfigurationError, match=r"remote_classes names 'hghmem', which is not a class; "

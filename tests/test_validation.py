@@ -23,7 +23,7 @@ from sluice import (
     RetryPolicy,
     Settings,
 )
-from sluice.config import SETTING_KEYS
+from sluice.config import setting_keys
 from sluice.errors import ConfigurationError, SluiceError
 from sluice.tasks.remote.settings import RemoteSettings
 from sluice.units import MAX_VALUE, parse_size
@@ -94,7 +94,7 @@ def _toml(value: Any) -> str | None:
     return None
 
 
-SETTINGS = [k for k in SETTING_KEYS + RemoteSettings.KEYS if k != "classes"]
+SETTINGS = [k for k in setting_keys(Settings) + setting_keys(RemoteSettings) if k != "classes"]
 
 
 @pytest.mark.parametrize("key", SETTINGS)

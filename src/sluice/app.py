@@ -77,8 +77,8 @@ def safe_defaults(settings: Settings, default_queue: str, broker: str = FALLBACK
     }
 
 
-#: Options ``@app.task`` accepts besides Celery's own: sluice's.
-SLUICE_TASK_OPTIONS = ("compute", "retry", "result_args")
+#: Options ``@app.task`` accepts besides Celery's own and those the installed capabilities declare.
+CORE_TASK_OPTIONS = ("compute", "retry")
 #: Celery task options read from the task class by name, not declared on ``celery.Task`` itself.
 _CELERY_EXTRA_OPTIONS = ("shared", "lazy", "filter", "autoretry_for", "dont_autoretry_for", "retry_kwargs",
                          "retry_backoff", "retry_backoff_max", "retry_jitter", "queue", "routing_key", "exchange",
@@ -158,13 +158,22 @@ class App(Celery):
         """Celery's ``@app.task``, plus ``compute=`` and ``retry=``, checked here at decoration time:
         an unknown option, a compute no class holds, or a policy whose max_memory no class holds,
         fails at import."""
-        _check_options(opts, args[0] if args and callable(args[0]) else None)
+        self._check_options(opts, args[0] if args and callable(args[0]) else None)
         if "retry" in opts:
             opts["retry_policy"] = opts.pop("retry")
         if args and callable(args[0]):
             self._check_task(args[0], opts)
             return super().task(*args, **opts)
         return functools.partial(self._checked_task, opts)
+
+    def _check_options(self, opts: dict[str, Any], fun: Any) -> None:
+        own = (*CORE_TASK_OPTIONS, *(o for capability in self.capabilities for o in capability.accepted_task_options))
+        unknown = sorted(set(opts) - {*own, *celery_task_options(), "retry_policy"})
+        if unknown:
+            where = f"{_task_name(fun, opts)}: " if fun is not None else ""
+            raise ConfigurationError(
+                f"{where}unknown task option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                f"sluice accepts {', '.join(own)} and Celery's own: {', '.join(celery_task_options())}")
 
     def _checked_task(self, opts: dict[str, Any], fun: Any) -> Any:
         self._check_task(fun, opts)
@@ -233,16 +242,6 @@ class App(Celery):
     def redis(self) -> redis.Redis:
         """A redis-py client on the broker's Redis (sluice keeps its own state there too)."""
         return redis_client.connect(self.conf.broker_url, settings=self.settings)
-
-
-def _check_options(opts: dict[str, Any], fun: Any) -> None:
-    accepted = (*SLUICE_TASK_OPTIONS, *celery_task_options())
-    unknown = sorted(set(opts) - set(accepted) - {"retry_policy"})
-    if unknown:
-        where = f"{_task_name(fun, opts)}: " if fun is not None else ""
-        raise ConfigurationError(
-            f"{where}unknown task option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-            f"sluice accepts {', '.join(SLUICE_TASK_OPTIONS)} and Celery's own: {', '.join(celery_task_options())}")
 
 
 def _task_name(fun: Any, opts: dict[str, Any]) -> str:

@@ -6,12 +6,16 @@ config, keys, app, the core worker) imports none of them. A capability declares:
 
 * ``tasks``: task bodies registered under fixed names (bound, ``shared=False``), so every
   worker of the app can run them, with ``task_options`` (name -> ``@app.task`` options);
+* ``accepted_task_options``: the ``@app.task`` options it adds to the core's (``compute``,
+  ``retry``) and Celery's, as dramatiq's middleware declare ``actor_options``; an app accepts
+  those of the capabilities it installs, so the core names none of them;
 * ``bootsteps``: worker bootsteps added to the app's worker blueprint; a step that adds
   heartbeat fields does so through the core step (``worker.sluice.add_heartbeat_fields``);
 * ``worker_options``: extra ``celery worker`` command-line options (``app.user_options``);
 * ``signals``: Celery signal handlers, connected once per process;
-* ``settings``: its settings section (a :class:`sluice.config.Section`), read with the rest
-  of the settings and validated when they are loaded;
+* ``settings``: its settings section (a :class:`sluice.config.Section`, each setting declared
+  with :func:`sluice.config.setting`), read with the rest of the settings and validated when
+  they are loaded;
 * ``check``: declaration-time checks against the app (e.g. a setting naming a class).
 """
 
@@ -36,6 +40,7 @@ class Capability:
     name: str
     tasks: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     task_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    accepted_task_options: tuple[str, ...] = ()
     bootsteps: tuple[type, ...] = ()
     worker_options: tuple[click.Option, ...] = ()
     signals: tuple[tuple[Signal, Callable[..., Any]], ...] = ()

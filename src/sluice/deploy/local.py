@@ -10,7 +10,6 @@ could only wait for it, and a second ``sluice up`` would find them in its way.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import secrets
@@ -21,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.config import Settings, embedded_state_path
+from sluice.config import Settings, UpState, embedded_state_path
 from sluice.deploy.embedded import EmbeddedRedis, die_with_parent, free_port, private_dir, private_log
 from sluice.queues.catalog import ResourceClass
 from sluice.workers.gpu import gpu_count
@@ -152,15 +151,9 @@ class LocalCluster:
         return said
 
     def _write_state(self) -> None:
-        state = {"pid": os.getpid(), "broker_url": self.broker_url, "flower_url": self.flower_url,
-                 "app": self.app_module, "children": {c.name: c.process.pid for c in self.children},
-                 "remote_secret": self.remote_secret}
-        path = embedded_state_path(private_dir(self.home))
-        tmp = path.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        with open(tmp, "w", opener=lambda name, flags: os.open(name, flags, 0o600)) as out:
-            out.write(json.dumps(state))
-        os.replace(tmp, path)
+        UpState(pid=os.getpid(), broker_url=self.broker_url, flower_url=self.flower_url, app=self.app_module,
+                children={c.name: c.process.pid for c in self.children},
+                remote_secret=self.remote_secret).write(private_dir(self.home))
 
     def stop(self, grace: float = 30.0) -> None:
         """Warm shutdown: SIGTERM every child (Celery finishes running tasks), SIGKILL after ``grace``
