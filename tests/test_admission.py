@@ -23,7 +23,7 @@ from celery import Celery
 
 import sluice
 from sluice import App, keys
-from sluice._kombu import DeadLetter, RedisLayout
+from sluice.queues.broker.layout import DeadLetter, RedisLayout
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.deploy.metrics import ClassMetrics
 from sluice.errors import NoQueueFits

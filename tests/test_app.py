@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from sluice import App, Compute, ResourceClass
-from sluice._kombu import RedisLayout
+from sluice.queues.broker.layout import RedisLayout
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import ConfigurationError, NoQueueFits
 

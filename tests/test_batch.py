@@ -249,7 +249,7 @@ def test_chunks_lost_while_no_driver_ran_are_sent_again_on_resume(tmp_path: Path
     sends the awaited ids again, so the run finishes with every id exactly once."""
     import hashlib
 
-    from sluice._kombu import RedisLayout
+    from sluice.queues.broker.layout import RedisLayout
     from sluice.client.batch.runs import private_queue, redis_dir
     from sluice.deploy.embedded import EmbeddedRedis
 

@@ -14,7 +14,7 @@ import redis
 
 import sluice
 from sluice import keys
-from sluice._kombu import RedisLayout
+from sluice.queues.broker.layout import RedisLayout
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import MemoryExhausted, RetriesExhausted
 from tests.conftest import Workers, wait_for

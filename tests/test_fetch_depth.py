@@ -10,7 +10,7 @@ import time
 
 import redis
 
-from sluice import transport
+from sluice.queues.broker import transport
 
 QUEUE = "work"
 KEYS = ["unacked", "unacked_index", QUEUE, "bell:" + QUEUE, "dead:" + QUEUE, "dead_count:" + QUEUE]

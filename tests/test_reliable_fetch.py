@@ -16,11 +16,11 @@ import redis
 from celery.exceptions import NotRegistered
 from click.testing import CliRunner
 
-from sluice import _kombu
+from sluice.queues.broker import layout as _kombu
 from sluice.cli import main
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.queues import dead_letters
-from sluice.transport import FETCH
+from sluice.queues.broker.transport import FETCH
 from tests.conftest import Workers, wait_for
 
 pytestmark = pytest.mark.integration
@@ -221,7 +221,7 @@ def test_a_publish_adds_one_bell_token_and_the_next_fetch_trims_the_bell_to_its_
     from kombu import Producer, Queue
 
     from sluice import keys
-    from sluice.publishing import BELL_CAP
+    from sluice.queues.broker.publishing import BELL_CAP
 
     queue, extra = "bell-test", 20
     with basic_app.app.connection_for_write() as connection:

@@ -16,7 +16,8 @@ import pytest
 import redis
 from celery import Celery
 
-from sluice import _kombu, keys
+from sluice import keys
+from sluice.queues.broker import layout as _kombu
 from sluice.assets.step_task import RUN_STEP_TASK, step_signature
 from sluice.client.batch.records import Failure, decode
 from sluice.client.batch.taskfile import TaskFile

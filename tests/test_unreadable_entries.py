@@ -30,7 +30,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice import _kombu, entries, keys
+from sluice import entries, keys
+from sluice.queues.broker import layout as _kombu
 from sluice.cli import main
 from sluice.client.batch import recovery, runs_commands
 from sluice.compute import Compute

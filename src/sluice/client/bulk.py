@@ -32,7 +32,7 @@ from vine import barrier
 from sluice import terminal
 from sluice.errors import ConfigurationError, SubmitInterrupted
 from sluice.ids import new_id
-from sluice.publishing import MessageTemplate
+from sluice.queues.broker.publishing import MessageTemplate
 
 if TYPE_CHECKING:
     from celery import Task
@@ -132,7 +132,7 @@ def delay_many(task: Task, items: Iterable[Any], kwargs: dict[str, Any] | None =
 class _ChunkPublisher:
     """Builds and pipelines one chunk's messages. The task is routed once, and Celery builds one
     message (``create_task_message``, protocol 2) that kombu encodes once as a template
-    (:class:`~sluice.publishing.MessageTemplate`) with slots for the fields protocol 2 makes per
+    (:class:`~sluice.queues.broker.publishing.MessageTemplate`) with slots for the fields protocol 2 makes per
     call (``id``, ``root_id``, ``argsrepr``, the ``correlation_id`` property, the body's args).
     A test holds a message from it equal to ``apply_async``'s. The chunk's task-sent events go
     out after its messages, in one buffered event message."""

@@ -7,7 +7,7 @@ import datetime
 import click
 from rich.table import Table
 
-from sluice import _kombu
+from sluice.queues.broker.layout import RedisLayout
 from sluice.queues import dead_letters
 
 _app_option = click.option("-A", "--app", "app_name", default=None,
@@ -19,7 +19,7 @@ _number_option = click.option("-n", "--number", type=click.IntRange(min=0), defa
 def _broker(app_name: str | None):
     from sluice.cli import broker_client, load_app
 
-    layout = _kombu.RedisLayout.of_app(load_app(app_name)) if app_name else _kombu.RedisLayout()
+    layout = RedisLayout.of_app(load_app(app_name)) if app_name else RedisLayout()
     return broker_client(app_name)[0], layout
 
 

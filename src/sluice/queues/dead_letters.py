@@ -1,6 +1,6 @@
 """Reading and acting on dead letters: messages a worker could not run, kept per queue.
 
-The transport and the worker's consumer put them there (see ``sluice.transport`` and
+The transport and the worker's consumer put them there (see ``sluice.queues.broker.transport`` and
 ``sluice.workers.consumer``); ``sluice dead-letters`` is this module on a command line.
 Entries are numbered from 0, newest first, as ``LRANGE`` reads them. An entry that does not
 decode (another program's data in the list) keeps its number and is skipped, logged and counted.
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import redis
 
-from sluice import _kombu, entries
+from sluice import entries
+from sluice.queues.broker import layout as _kombu
 from sluice.errors import ConfigurationError
-from sluice.publishing import BELL_CAP
+from sluice.queues.broker.publishing import BELL_CAP
 
 
 @dataclass(frozen=True)

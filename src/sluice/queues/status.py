@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from sluice._kombu import RedisLayout
+from sluice.queues.broker.layout import RedisLayout
 from sluice.compute import Compute
 from sluice.errors import NoQueueFits
 from sluice.headers import Headers

@@ -30,7 +30,7 @@ from typing import Any
 from celery.exceptions import InvalidTaskError
 from celery.worker.strategy import default as celery_strategy
 
-from sluice import transport
+from sluice.queues.broker import transport
 from sluice.compute import Compute
 from sluice.errors import NoQueueFits
 from sluice.headers import FORWARDED, Headers

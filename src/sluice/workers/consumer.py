@@ -5,7 +5,7 @@ consume a class it cannot serve (``add_consumer``; see ``sluice.workers.admissio
 Celery rejects (and so deletes) a message it cannot decode, one without a task envelope, one
 naming a task this worker has not registered and one whose fields are invalid. sluice keeps a
 copy first, with the reason, in the dead-letter list of the queue it came from (see
-``sluice._kombu``), so ``sluice dead-letters`` can show it and requeue it once the cause is
+``sluice.queues.broker.layout``), so ``sluice dead-letters`` can show it and requeue it once the cause is
 fixed. Celery's own handling then goes on unchanged (an unknown task is still marked failed
 with ``NotRegistered``, so its caller gets an answer). Installed with the ``worker_consumer``
 setting, so a plain ``celery -A app worker`` gets it too.
@@ -20,7 +20,8 @@ from typing import Any
 from celery.worker.consumer import Consumer
 from kombu.utils.json import dumps
 
-from sluice import _kombu, transport
+from sluice.queues.broker import layout as _kombu
+from sluice.queues.broker import transport
 from sluice.queues.status import message_compute
 from sluice.workers import admission
 

@@ -28,7 +28,7 @@ from celery.worker import state
 from sluice.compute import Compute
 from sluice.queues.catalog import ResourceClass
 from sluice.tasks.escalation import Attempt
-from sluice.transport import FETCH_DEPTH
+from sluice.queues.broker.transport import FETCH_DEPTH
 
 log = logging.getLogger("sluice.worker")
 
@@ -39,7 +39,7 @@ MAX_DEPTH = 8
 
 
 class Packing:
-    """The room left on one packed worker, and what its channel fetches next (``sluice.transport``)."""
+    """The room left on one packed worker, and what its channel fetches next (``sluice.queues.broker.transport``)."""
 
     def __init__(self, resource_class: ResourceClass) -> None:
         self.resource_class = resource_class

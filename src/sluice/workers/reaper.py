@@ -35,7 +35,8 @@ import redis
 from celery import Celery
 from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE, WORKER_DIRECT_QUEUE_FORMAT
 
-from sluice import _kombu, entries, keys
+from sluice import entries, keys
+from sluice.queues.broker import layout as _kombu
 from sluice.headers import Headers, attempt_of
 from sluice.workers import ledger
 from sluice.workers.periodic import Periodic

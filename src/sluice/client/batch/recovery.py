@@ -19,7 +19,7 @@ import redis
 from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE
 
 from sluice import entries
-from sluice._kombu import RedisLayout, task_args
+from sluice.queues.broker.layout import RedisLayout, task_args
 from sluice.client.batch.records import FAILED, RERUN, Failure, decode
 
 if TYPE_CHECKING:

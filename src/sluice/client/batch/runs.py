@@ -23,7 +23,7 @@ import psutil
 import redis
 
 from sluice import keys
-from sluice._kombu import RedisLayout
+from sluice.queues.broker.layout import RedisLayout
 
 #: The parts of ``keys.run(run_id, part)`` a run writes (torchrun's two included).
 RUN_PARTS = ("skip", "results", "ready", "source", "cancel", "finished", "ranks_left")

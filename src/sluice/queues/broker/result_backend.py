@@ -7,7 +7,7 @@ cut to 1 KiB, so a call with a 60 MB argument stores and publishes a meta of a f
 60 MB twice (STARTED and SUCCESS); a task declared ``result_args=False`` keeps them out (a batch
 chunk's are up to a thousand items, already in Redis). A meta still too big to publish (a big
 return value) is stored and announced by a small notice, which the caller's consumer
-(:mod:`sluice.tasks.result_consumer`) reads the stored meta for.
+(:mod:`sluice.queues.broker.result_consumer`) reads the stored meta for.
 A sender subscribes to a task's result channel when it waits for the result, not when it
 sends the task. And a state is stored in one round trip (``lua/store_result.lua``), not two.
 Installed by the App as the backend for ``redis://``, ``rediss://`` and ``sentinel://`` URLs
@@ -24,9 +24,9 @@ from celery.exceptions import BackendStoreError
 from celery.utils.saferepr import saferepr
 from kombu.utils.encoding import bytes_to_str
 
-from sluice import _kombu
+from sluice.queues.broker import layout as _kombu
 from sluice.tasks.base import CLAIMED, ComputeTask
-from sluice.tasks.result_consumer import PUBLISH_LIMIT, ComputeResultConsumer, Notice
+from sluice.queues.broker.result_consumer import PUBLISH_LIMIT, ComputeResultConsumer, Notice
 from sluice.workers import ledger
 
 #: What the App maps result backend URLs to, by scheme.
@@ -122,7 +122,7 @@ class StoreInOneStep:
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:  # type: ignore[attr-defined]
             raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)
         notice = ""
-        if len(value) > PUBLISH_LIMIT:  # announced instead of published (sluice.tasks.result_consumer)
+        if len(value) > PUBLISH_LIMIT:  # announced instead of published (sluice.queues.broker.result_consumer)
             notice = self.encode(Notice(meta["task_id"], state).encode())  # type: ignore[attr-defined]
         claim = self._claim_for(request) if state == states.STARTED else None
         key = self.get_key_for_task(task_id)  # type: ignore[attr-defined]

@@ -7,7 +7,7 @@ an exchange in a set ``_kombu.binding.<exchange>`` (members exchange-key + sep +
 and separator follow the broker's transport options, defaulting to kombu's own. Celery's result
 keys come from the result backend itself. Lua scripts live beside this package as ``*.lua``.
 
-sluice's own transport (``sluice.transport``) is built on this layout, and adds two key kinds
+sluice's own transport (``sluice.queues.broker.transport``) is built on this layout, and adds two key kinds
 to it: a bell per queue and a dead-letter list per queue.
 """
 
@@ -194,12 +194,12 @@ def task_states(client: redis.Redis, app: Any, task_ids: list[str]) -> list[str 
 
 
 def lua_source(name: str) -> str:
-    """The text of the Lua script shipped as ``sluice/lua/<name>.lua``."""
-    return resources.files("sluice").joinpath("lua", f"{name}.lua").read_text()
+    """The text of the Lua script shipped as ``lua/<name>.lua`` beside this module."""
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text()
 
 
 def script(client: redis.Redis, name: str) -> Any:
-    """A Lua script shipped as ``sluice/lua/<name>.lua``, registered on ``client``."""
+    """A Lua script shipped as ``lua/<name>.lua`` beside this module, registered on ``client``."""
     return client.register_script(lua_source(name))
 
 

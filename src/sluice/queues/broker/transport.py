@@ -2,7 +2,7 @@
 
 Every :class:`sluice.App` uses it (``broker_transport = "sluice"``), so a plain
 ``celery -A app worker`` gets it too.
-What it changes, and why (the key layout is in ``sluice._kombu``):
+What it changes, and why (the key layout is in ``sluice.queues.broker.layout``):
 
 * **Reliable fetch.** kombu's BRPOP removes a message from Redis before the worker records it as
   unacknowledged, so a worker killed in between loses it for good. Here a worker takes a message
@@ -39,9 +39,10 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 from redis.exceptions import NoScriptError
 
-from sluice import _kombu, keys, redis_client
+from sluice import keys, redis_client
+from sluice.queues.broker import layout as _kombu
 from sluice.ids import new_id
-from sluice.publishing import BELL_CAP, BellBatch, EventPublishing, ring
+from sluice.queues.broker.publishing import BELL_CAP, BellBatch, EventPublishing, ring
 
 if TYPE_CHECKING:
     from sluice.workers.packing import Packing

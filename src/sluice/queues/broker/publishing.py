@@ -2,7 +2,7 @@
 (``ring``, and ``BellBatch`` for pipelined batches), fanout messages (events, broadcasts) on a
 connection that waits for no reply (``UnansweredPublisher``, through the channel mixin
 ``EventPublishing``), and many messages that differ in a few strings encoded from one template
-(``MessageTemplate``). See ``sluice.transport``."""
+(``MessageTemplate``). See ``sluice.queues.broker.transport``."""
 
 from __future__ import annotations
 

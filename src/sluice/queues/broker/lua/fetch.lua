@@ -20,7 +20,7 @@
 --
 -- A message whose envelope is not kombu's (not JSON, not valid UTF-8, not an object, no delivery
 -- tag) is moved to its queue's dead-letter list as "<json header>\n<raw message>" (the format of
--- sluice._kombu.DeadLetter) and the search goes on.
+-- sluice.queues.broker.layout.DeadLetter) and the search goes on.
 -- Returns {dead} when nothing could be taken, else {dead, list number (1-based), raw, tag}.
 
 -- The position of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong

@@ -9,7 +9,7 @@
 -- the claim, ARGV[5] its expiry in seconds.
 -- Publishes the meta on the key's channel, as Celery's Redis backend does, for the waiters
 -- subscribed to it; a meta too big for Redis's pub/sub buffer limits is announced instead by
--- a notice (sluice.tasks.result_consumer.Notice), and the waiters read the stored meta.
+-- a notice (sluice.queues.broker.result_consumer.Notice), and the waiters read the stored meta.
 -- Returns {1 when stored, 0 when a success was already there; the claim the new one
 -- replaced, or nil}.
 
