@@ -23,7 +23,8 @@ from celery import Celery
 
 import sluice
 from sluice import App, keys
-from sluice.queues.broker.layout import DeadLetter, RedisLayout
+from sluice.queues.broker.layout import RedisLayout
+from sluice.queues.broker.letters import DeadLetter
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.deploy.metrics import ClassMetrics
 from sluice.errors import NoQueueFits

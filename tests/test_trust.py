@@ -17,7 +17,7 @@ import redis
 from celery import Celery
 
 from sluice import keys
-from sluice.queues.broker import layout as _kombu
+from sluice.queues.broker.layout import RedisLayout
 from sluice.assets.step_task import RUN_STEP_TASK, step_signature
 from sluice.client.batch.records import Failure, decode
 from sluice.client.batch.taskfile import TaskFile
@@ -130,7 +130,7 @@ def test_a_pickled_message_is_never_unpickled(redis_server: EmbeddedRedis, redis
     marker = tmp_path / "unpickled"
     pickle.dumps(_Opens(marker))   # it pickles, and pickling alone creates nothing
     attacker(redis_server).send_task(RUN_CHUNK_TASK, args=[_Opens(marker)], queue="cpu", serializer="pickle")
-    dead = _kombu.RedisLayout().dead_letters("cpu")
+    dead = RedisLayout().dead_letters("cpu")
     wait_for(lambda: redis_client.llen(dead), 60, "the pickled message to become a dead letter")
     assert not marker.exists()
 

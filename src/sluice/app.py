@@ -17,7 +17,7 @@ from sluice import redis_client
 from sluice.compute import Compute
 from sluice.config import Settings, embedded_broker_url, fallback_memory
 from sluice.errors import ConfigurationError
-from sluice.queues.broker import result_backend, transport
+from sluice.queues.broker import leases, result_backend, transport
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.routing import ComputeRouter
 from sluice.queues.task_catalog import TaskDirectory
@@ -64,7 +64,7 @@ def safe_defaults(settings: Settings, default_queue: str, broker: str = FALLBACK
         "accept_content": ["json"],
         "result_accept_content": ["json"],
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout,
-                                     transport.LEASE_OPTION: transport.lease_interval(
+                                     leases.LEASE_OPTION: leases.lease_interval(
                                          settings.visibility_timeout, settings.orphan_grace),
                                      **(sentinel_options if redis_client.is_sentinel(broker) else {})},
         "result_backend_transport_options": sentinel_options if redis_client.is_sentinel(backend) else {},

@@ -24,9 +24,10 @@ from celery.exceptions import BackendStoreError
 from celery.utils.saferepr import saferepr
 from kombu.utils.encoding import bytes_to_str
 
-from sluice.queues.broker import layout as _kombu
-from sluice.tasks.base import CLAIMED, ComputeTask
+from sluice.queues.broker import scripts
 from sluice.queues.broker.result_consumer import PUBLISH_LIMIT, ComputeResultConsumer, Notice
+from sluice.tasks.base import CLAIMED, ComputeTask
+from sluice.tasks.escalation import Attempt
 from sluice.workers import ledger
 
 #: What the App maps result backend URLs to, by scheme.
@@ -46,8 +47,6 @@ class WithCompute:
         if request is None:
             return meta
         self._bound_arguments(meta)
-        from sluice.tasks.escalation import Attempt
-
         task = self.app.tasks.get(getattr(request, "task", None) or "")  # type: ignore[attr-defined]
         if not isinstance(task, ComputeTask):
             return meta
@@ -152,13 +151,10 @@ class StoreInOneStep:
         # Celery's expiry: result_failure_expires for a failure, result_expires otherwise
         expires = self.failure_expires if state == states.FAILURE else self.expires  # type: ignore[attr-defined]
         args: list[Any] = [value, int(expires) if expires else "", notice]
+        client = self.client  # type: ignore[attr-defined]
         if claim is None:
-            return self._store_script(keys=[key], args=args)  # type: ignore[no-any-return]
-        return self._store_script(keys=[key, claim.key], args=[*args, claim.value, claim.ttl])  # type: ignore[no-any-return]
-
-    @functools.cached_property
-    def _store_script(self) -> Any:
-        return _kombu.script(self.client, "store_result")  # type: ignore[attr-defined]
+            return scripts.run(client, "store_result", [key], args)
+        return scripts.run(client, "store_result", [key, claim.key], [*args, claim.value, claim.ttl])
 
 
 class ComputeResultBackend(WithCompute, SubscribeOnWait, StoreInOneStep, RedisBackend):
