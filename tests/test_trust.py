@@ -17,12 +17,12 @@ import redis
 from celery import Celery
 
 from sluice import keys
-from sluice.queues.broker.layout import RedisLayout
 from sluice.assets.step_task import RUN_STEP_TASK, step_signature
 from sluice.client.batch.records import Failure, decode
 from sluice.client.batch.taskfile import TaskFile
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import InvalidRequestError
+from sluice.queues.broker.layout import RedisLayout
 from sluice.workers.batch.chunk_task import RUN_CHUNK_TASK
 from tests.conftest import Workers, wait_for
 from tests.test_batch import EXAMPLE, compute, lines

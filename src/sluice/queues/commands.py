@@ -7,8 +7,8 @@ import datetime
 import click
 from rich.table import Table
 
-from sluice.queues.broker.layout import RedisLayout
 from sluice.queues import dead_letters
+from sluice.queues.broker.layout import RedisLayout
 
 _app_option = click.option("-A", "--app", "app_name", default=None,
                            help="App whose broker (and transport options) to use (default: the configured one).")

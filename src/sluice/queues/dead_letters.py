@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import redis
 
 from sluice import entries
+from sluice.errors import ConfigurationError
 from sluice.queues.broker import bells
 from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.broker.letters import DeadLetter
 from sluice.queues.broker.moves import move_waiting
-from sluice.errors import ConfigurationError
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,10 @@ from typing import Any
 from celery.exceptions import InvalidTaskError
 from celery.worker.strategy import default as celery_strategy
 
-from sluice.queues.broker import moves
 from sluice.compute import Compute
 from sluice.errors import NoQueueFits
 from sluice.headers import FORWARDED, Headers
+from sluice.queues.broker import moves
 from sluice.queues.catalog import Catalog
 from sluice.workers.gpu import gpu_count
 

@@ -19,8 +19,8 @@ import redis
 from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE
 
 from sluice import entries
-from sluice.queues.broker.layout import RedisLayout, task_args
 from sluice.client.batch.records import FAILED, RERUN, Failure, decode
+from sluice.queues.broker.layout import RedisLayout, task_args
 
 if TYPE_CHECKING:
     from sluice.client.batch.driver import Driver

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
 import psutil
 import redis
 
