@@ -23,10 +23,11 @@ from celery import Celery
 
 import sluice
 from sluice import App, keys
-from sluice._kombu import DeadLetter, RedisLayout
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.deploy.metrics import ClassMetrics
 from sluice.errors import NoQueueFits
+from sluice.queues.broker.layout import RedisLayout
+from sluice.queues.broker.letters import DeadLetter
 from tests.apps import admission
 from tests.conftest import ROOT, Workers, wait_for
 

@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from sluice import App, Compute, ResourceClass
-from sluice._kombu import RedisLayout
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import ConfigurationError, NoQueueFits
+from sluice.queues.broker.layout import RedisLayout
 
 #: The default kombu layout: the test apps use the default transport options.
 LAYOUT = RedisLayout()

@@ -249,9 +249,9 @@ def test_chunks_lost_while_no_driver_ran_are_sent_again_on_resume(tmp_path: Path
     sends the awaited ids again, so the run finishes with every id exactly once."""
     import hashlib
 
-    from sluice._kombu import RedisLayout
     from sluice.client.batch.runs import private_queue, redis_dir
     from sluice.deploy.embedded import EmbeddedRedis
+    from sluice.queues.broker.layout import RedisLayout
 
     sink = tmp_path / "run"
     args = [str(COUNTING), "-w", "1", "--sink", str(sink), "--", "--n", "300", "--sleep", "0.02"]

@@ -14,9 +14,9 @@ import redis
 
 import sluice
 from sluice import keys
-from sluice._kombu import RedisLayout
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import MemoryExhausted, RetriesExhausted
+from sluice.queues.broker.layout import RedisLayout
 from tests.conftest import Workers, wait_for
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import time
 
 import redis
 
-from sluice import transport
+from sluice.queues.broker import scripts
 
 QUEUE = "work"
 KEYS = ["unacked", "unacked_index", QUEUE, "bell:" + QUEUE, "dead:" + QUEUE, "dead_count:" + QUEUE]
@@ -27,15 +27,13 @@ def _queue(client: redis.Redis) -> list[str]:
 
 
 def _fetch(client: redis.Redis, depth: int) -> str | None:
-    reply = client.register_script(transport.FETCH)(
-        keys=KEYS, args=[repr(time.time()), "0", 100, 1000, QUEUE, depth, "0", QUEUE])
+    reply = scripts.run(client, "fetch", KEYS, [repr(time.time()), "0", 100, 1000, QUEUE, depth, "0", QUEUE])
     return reply[3].decode() if len(reply) > 1 else None
 
 
 def _put_back(client: redis.Redis, tag: str, depth: int) -> int:
-    return client.register_script(transport.FORWARD)(
-        keys=["unacked", "unacked_index", QUEUE, "bell:" + QUEUE, "forwarded"],
-        args=[tag, _message(tag), 1000, "", depth])
+    return scripts.run(client, "forward", ["unacked", "unacked_index", QUEUE, "bell:" + QUEUE, "forwarded"],
+                       [tag, _message(tag), 1000, "", depth])
 
 
 def test_a_fetch_d_deep_takes_that_message_holds_it_and_leaves_the_rest_in_order(redis_client: redis.Redis) -> None:

@@ -259,6 +259,14 @@ def test_only_the_broker_subpackage_imports_kombu() -> None:
     assert not outside, f"kombu imported outside {BROKER}:\n" + _listing(outside)
 
 
+def test_only_the_broker_subpackage_imports_celerys_redis_backend() -> None:
+    """Celery's Redis layout is the broker's too: its Redis result backend is subclassed there only."""
+    outside = [f"{module}:{node.lineno}" for module, path in MODULES.items() if not _in(module, BROKER)
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("celery.backends.redis")]
+    assert not outside, f"celery.backends.redis imported outside {BROKER}: {outside}"
+
+
 #: The calls that hand a Lua script to Redis (redis-py's script API).
 SCRIPT_CALLS = {"register_script", "script_load", "eval", "evalsha", "eval_ro", "evalsha_ro"}
 
@@ -275,3 +283,6 @@ def test_one_module_registers_lua_scripts() -> None:
     calls = {module: found for module in MODULES if (found := _registering(module))}
     assert len(calls) <= 1, "Lua scripts registered in several modules:\n" + "\n".join(
         line for found in calls.values() for line in found)
+    assert set(calls) <= {f"{BROKER}.scripts"}, calls
+    scripts_dir = SRC / PACKAGE / "queues" / "broker" / "lua"
+    assert {script.parent for script in (SRC / PACKAGE).rglob("*.lua")} == {scripts_dir}

@@ -16,18 +16,18 @@ import redis
 from celery.exceptions import NotRegistered
 from click.testing import CliRunner
 
-from sluice import _kombu
 from sluice.cli import main
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.queues import dead_letters
-from sluice.transport import FETCH
+from sluice.queues.broker import letters, scripts
+from sluice.queues.broker.layout import RedisLayout
 from tests.conftest import Workers, wait_for
 
 pytestmark = pytest.mark.integration
 
 FAST_RECOVERY = {"SLUICE_HEARTBEAT_INTERVAL": "0.2", "SLUICE_REAPER_INTERVAL": "0.5", "SLUICE_ORPHAN_GRACE": "2"}
 ARGS = ("-c", "1", "--without-mingle", "--without-gossip")
-LAYOUT = _kombu.RedisLayout()
+LAYOUT = RedisLayout()
 
 
 def _in_redis(client: redis.Redis, queue: str) -> int:
@@ -83,7 +83,7 @@ def test_an_ack_is_carried_by_the_next_fetch_or_flushed_when_none_comes(
     queue = "ack-test"
     with basic_app.app.connection_for_write() as connection:
         channel = connection.default_channel
-        channel.client.script_load(FETCH)  # as the channel does on a fresh Redis
+        scripts.load(channel.client, "fetch")  # as the channel does on a fresh Redis
         producer = Producer(channel)
         for n in range(2):
             producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")
@@ -195,8 +195,8 @@ def test_dead_letter_requeue_puts_a_fixed_message_back_to_run(redis_client: redi
     `requeue` and runs."""
     message = _envelope(json.dumps([[], {}, {"callbacks": None, "errbacks": None, "chain": None,
                                             "chord": None}]).encode(), "tests.apps.basic.default_task")
-    letter = _kombu.DeadLetter("planted", "cpu", time.time(), json.dumps(message).encode())
-    _kombu.dead_letter(redis_client, LAYOUT, letter)
+    letter = letters.DeadLetter("planted", "cpu", time.time(), json.dumps(message).encode())
+    letters.dead_letter(redis_client, LAYOUT, letter)
     assert dead_letters.requeue(redis_client, LAYOUT, "cpu") == 1
     workers.start("tests.apps.basic", "cpu", "rerunner", *ARGS)
     task_id = message["headers"]["id"]
@@ -221,12 +221,12 @@ def test_a_publish_adds_one_bell_token_and_the_next_fetch_trims_the_bell_to_its_
     from kombu import Producer, Queue
 
     from sluice import keys
-    from sluice.publishing import BELL_CAP
+    from sluice.queues.broker.bells import BELL_CAP
 
     queue, extra = "bell-test", 20
     with basic_app.app.connection_for_write() as connection:
         channel = connection.default_channel
-        channel.client.script_load(FETCH)  # as the channel does on a fresh Redis
+        scripts.load(channel.client, "fetch")  # as the channel does on a fresh Redis
         producer = Producer(channel)
         for n in range(BELL_CAP + extra):
             producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")

@@ -16,10 +16,11 @@ import pytest
 import redis
 from celery import Celery
 
-from sluice import _kombu, keys
+from sluice import keys
 from sluice.assets.step_task import RUN_STEP_TASK, step_signature
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import InvalidRequestError
+from sluice.queues.broker.layout import RedisLayout
 from sluice.tasks.batch import RUN_CHUNK_TASK
 from sluice.tasks.batch.records import Failure, decode
 from sluice.tasks.batch.taskfile import TaskFile
@@ -129,7 +130,7 @@ def test_a_pickled_message_is_never_unpickled(redis_server: EmbeddedRedis, redis
     marker = tmp_path / "unpickled"
     pickle.dumps(_Opens(marker))   # it pickles, and pickling alone creates nothing
     attacker(redis_server).send_task(RUN_CHUNK_TASK, args=[_Opens(marker)], queue="cpu", serializer="pickle")
-    dead = _kombu.RedisLayout().dead_letters("cpu")
+    dead = RedisLayout().dead_letters("cpu")
     wait_for(lambda: redis_client.llen(dead), 60, "the pickled message to become a dead letter")
     assert not marker.exists()
 

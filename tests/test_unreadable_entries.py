@@ -30,7 +30,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice import _kombu, entries, keys
+from sluice import entries, keys
 from sluice.cli import main
 from sluice.cli import runs as runs_commands
 from sluice.client.batch import recovery
@@ -38,13 +38,15 @@ from sluice.compute import Compute
 from sluice.deploy.embedded import EmbeddedRedis, free_port
 from sluice.deploy.metrics import ClassMetrics, TaskMetrics
 from sluice.queues import dead_letters, status, task_catalog
+from sluice.queues.broker import letters, scripts
+from sluice.queues.broker.layout import Held, RedisLayout, task_meta_key, task_states
 from sluice.tasks import history, memory_profile
 from sluice.tasks.heartbeat import WorkerBeat, read_heartbeats
 from sluice.tasks.retry import AttemptRecord, Reason
 from sluice.workers.reaper import OrphanReaper
 from tests.conftest import ROOT, Workers, wait_for
 
-LAYOUT = _kombu.RedisLayout()
+LAYOUT = RedisLayout()
 #: The orphan grace is long enough that the planted message is still held while the killed
 #: worker's task is recovered (a claimed task is put back at once: its holder's heartbeat is gone).
 GRACE = 15.0
@@ -57,10 +59,9 @@ RECOVERY_BOUND = 10.0
 
 def _fetch(client: redis.Redis, queue: str, now: float) -> list[Any]:
     """One run of the transport's fetch script on ``queue`` (as a worker's channel runs it)."""
-    script = _kombu.script(client, "fetch")
-    return script(keys=[LAYOUT.unacked_key, LAYOUT.unacked_index_key, queue, LAYOUT.bell(queue),
-                        LAYOUT.dead_letters(queue), LAYOUT.dead_letter_count(queue)],
-                  args=[repr(now), "0", _kombu.DEAD_LETTER_CAP, 1000, "", "0", "0", queue])
+    return scripts.run(client, "fetch", [LAYOUT.unacked_key, LAYOUT.unacked_index_key, queue, LAYOUT.bell(queue),
+                                         LAYOUT.dead_letters(queue), LAYOUT.dead_letter_count(queue)],
+                       [repr(now), "0", letters.DEAD_LETTER_CAP, 1000, "", "0", "0", queue])
 
 
 def _with_bad_byte(message: dict[str, Any]) -> bytes:
@@ -193,7 +194,7 @@ def test_the_fetch_script_holds_exactly_the_messages_sluices_readers_can_read(re
         assert (letter.raw, letter.reason) == (raw, f"not valid UTF-8 (byte {exc.start})")
     else:
         assert reply == [0, 1, raw, b"d"]
-        assert _kombu.Held.decode(b"d", client.hget(LAYOUT.unacked_key, "d")).message == json.loads(raw)
+        assert Held.decode(b"d", client.hget(LAYOUT.unacked_key, "d")).message == json.loads(raw)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -247,8 +248,8 @@ def test_every_reader_of_sluices_redis_structures_reads_the_rest_past_one_bad_en
     history.append(client, "good-id", record)
     client.rpush(keys.attempts("good-id"), _bad(how, json.dumps(record.encode()).encode()))
 
-    letter = _kombu.DeadLetter("planted", "cpu", time.time(), waiting_raw)
-    _kombu.dead_letter(client, LAYOUT, letter)
+    letter = letters.DeadLetter("planted", "cpu", time.time(), waiting_raw)
+    letters.dead_letter(client, LAYOUT, letter)
     client.lpush(LAYOUT.dead_letters("cpu"), _bad(how, letter.encode()))
     client.lpush(LAYOUT.dead_letters("x").encode() + _bad(how, b"cpu"), b"x")
     client.set(LAYOUT.dead_letter_count("spare"), _bad(how, b"1"))
@@ -256,7 +257,7 @@ def test_every_reader_of_sluices_redis_structures_reads_the_rest_past_one_bad_en
     client.hset(keys.FORWARDED, b"x" + _bad(how, b"small big"), _bad(how, b"2"))
     client.set(keys.stat("escalations", "cpu"), _bad(how, b"5"))
     app.backend.store_result("good-result", 1, "SUCCESS")
-    client.set(_kombu.task_meta_key(app, "bad-result"), _bad(how, client.get(_kombu.task_meta_key(app, "good-result"))))
+    client.set(task_meta_key(app, "bad-result"), _bad(how, client.get(task_meta_key(app, "good-result"))))
     client.hset(keys.run("goodrun", "source"), "filename", "t.py")
     client.hset(keys.run("goodrun", "source").encode().replace(b"goodrun", _bad(how, b"badrun")), "filename", "t.py")
 
@@ -279,7 +280,7 @@ def test_every_reader_of_sluices_redis_structures_reads_the_rest_past_one_bad_en
     assert samples[("sluice_forwarded_total", ("small", "big"))] == 2
     assert samples[("sluice_reserved", ("cpu",))] >= 1
     assert samples[("sluice_task_runs_observed_total", ("good.task",))] >= 3
-    assert _kombu.task_states(client, app, ["good-result", "bad-result"])[0] == "SUCCESS"
+    assert task_states(client, app, ["good-result", "bad-result"])[0] == "SUCCESS"
     assert "goodrun" in runs_commands._on_broker(client)
     lost = recovery.LostChunks(client, LAYOUT, "cpu", every=0)
     assert [lost.lost({orphan.id, waiting.id, "gone"}) for _ in range(2)] == [set(), {"gone"}]
@@ -289,7 +290,7 @@ def test_every_reader_of_sluices_redis_structures_reads_the_rest_past_one_bad_en
     swept = OrphanReaper(app, client, "sweeper", interval=0.5, grace=60).sweep_once()
     assert orphan.id in swept and sticky.id in swept
     assert not client.hexists(LAYOUT.unacked_key, bad_tag), "the bad held message was left held"
-    if _unreadable(_kombu.Held.decode, bad_tag, bad_held):
+    if _unreadable(Held.decode, bad_tag, bad_held):
         reasons = [dead.reason for row in dead_letters.summary(client, LAYOUT)
                    for _, dead in dead_letters.read(client, LAYOUT, row.queue, 0, 100)]
         assert any(reason.startswith("unreadable while held") for reason in reasons), reasons

@@ -13,14 +13,15 @@ import redis
 from celery import Celery, Task
 
 import sluice
-from sluice import redis_client, transport
+from sluice import redis_client
 from sluice.compute import Compute
 from sluice.config import Settings, embedded_broker_url, fallback_memory
 from sluice.errors import ConfigurationError
+from sluice.queues.broker import leases, result_backend, transport
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.routing import ComputeRouter
 from sluice.queues.task_catalog import TaskDirectory
-from sluice.tasks import memory_profile, result_backend
+from sluice.tasks import memory_profile
 from sluice.tasks.base import ComputeTask
 from sluice.tasks.retry import RetryPolicy
 from sluice.workers.bootstep import SluiceWorkerStep
@@ -46,7 +47,7 @@ def safe_defaults(settings: Settings, default_queue: str, broker: str = FALLBACK
     * worker_direct: every worker also consumes its own queue, so a retry can go back to the
       same worker and a remote call to the worker that holds its package environment.
     * publishing and storing results wait out a Redis outage (``sluice.redis_client``).
-    * the ``sluice`` transport (``sluice.transport``): reliable fetch, dead letters, leases;
+    * the ``sluice`` transport (``sluice.queues.broker.transport``): reliable fetch, dead letters, leases;
       and a consumer that keeps every message Celery cannot run as a dead letter.
     """
     sentinel = ({"master_name": redis_client.require_master_name(url, settings),
@@ -63,7 +64,7 @@ def safe_defaults(settings: Settings, default_queue: str, broker: str = FALLBACK
         "accept_content": ["json"],
         "result_accept_content": ["json"],
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout,
-                                     transport.LEASE_OPTION: transport.lease_interval(
+                                     leases.LEASE_OPTION: leases.lease_interval(
                                          settings.visibility_timeout, settings.orphan_grace),
                                      **(sentinel_options if redis_client.is_sentinel(broker) else {})},
         "result_backend_transport_options": sentinel_options if redis_client.is_sentinel(backend) else {},

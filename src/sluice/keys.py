@@ -28,7 +28,7 @@ def delivery(task_id: str) -> str:
 
 def bell(queue: str) -> str:
     """List of tokens, one per message published to ``queue`` (capped): idle workers block on it
-    and then take the message itself atomically (see ``sluice/lua/fetch.lua``)."""
+    and then take the message itself atomically (see ``sluice/queues/broker/lua/fetch.lua``)."""
     return f"{PREFIX}bell:{queue}"
 
 

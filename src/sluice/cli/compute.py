@@ -52,7 +52,7 @@ def compute(task_file: Path, task_args: tuple[str, ...], check_items: int | None
     75 lost the broker for over two minutes (nothing failed: run again with --resume).
     """
     from sluice.client.batch import launch  # CLI start-up: the batch driver, kombu's transport (~80 ms)
-    from sluice.client.batch.taskfile import TaskFile  # CLI start-up: launch's own import, so free here
+    from sluice.tasks.batch.taskfile import TaskFile  # CLI start-up: launch's own import, so free here
 
     tf = TaskFile.load(task_file, list(task_args))
     if check_items is not None:

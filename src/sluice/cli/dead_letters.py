@@ -8,21 +8,21 @@ import click
 import redis
 from rich.table import Table
 
-from sluice import _kombu
 from sluice.cli.common import app_option, broker_client, console, load_app
 from sluice.queues import dead_letters
+from sluice.queues.broker.layout import RedisLayout
 
 _app_option = app_option("App whose broker (and transport options) to use (default: the configured one).")
 _number_option = click.option("-n", "--number", type=click.IntRange(min=0), default=None,
                               help="Only the dead letter with this number (from `list`); default: all of them.")
 
 
-def _broker(app_name: str | None) -> tuple[redis.Redis, _kombu.RedisLayout]:
+def _broker(app_name: str | None) -> tuple[redis.Redis, RedisLayout]:
     """The broker and the layout of its queues: the app's (its transport options), else the defaults."""
     if app_name:
         app = load_app(app_name)
-        return app.redis, _kombu.RedisLayout.of_app(app)
-    return broker_client(None).client, _kombu.RedisLayout()
+        return app.redis, RedisLayout.of_app(app)
+    return broker_client(None).client, RedisLayout()
 
 
 @click.group("dead-letters")

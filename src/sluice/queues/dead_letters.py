@@ -1,6 +1,6 @@
 """Reading and acting on dead letters: messages a worker could not run, kept per queue.
 
-The transport and the worker's consumer put them there (see ``sluice.transport`` and
+The transport and the worker's consumer put them there (see ``sluice.queues.broker.transport`` and
 ``sluice.workers.consumer``); ``sluice dead-letters`` is this module on a command line.
 Entries are numbered from 0, newest first, as ``LRANGE`` reads them. An entry that does not
 decode (another program's data in the list) keeps its number and is skipped, logged and counted.
@@ -12,9 +12,12 @@ from dataclasses import dataclass
 
 import redis
 
-from sluice import _kombu, entries
+from sluice import entries
 from sluice.errors import ConfigurationError
-from sluice.publishing import BELL_CAP
+from sluice.queues.broker import bells
+from sluice.queues.broker.layout import RedisLayout
+from sluice.queues.broker.letters import DeadLetter
+from sluice.queues.broker.moves import move_waiting
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class QueueDeadLetters:
     total: int
 
 
-def summary(client: redis.Redis, layout: _kombu.RedisLayout) -> list[QueueDeadLetters]:
+def summary(client: redis.Redis, layout: RedisLayout) -> list[QueueDeadLetters]:
     """Every queue with dead letters now, or whose counter says it had some."""
     queues = sorted(_suffixes(client, layout.dead_letters("")) | _suffixes(client, layout.dead_letter_count("")))
     pipe = client.pipeline(transaction=False)
@@ -44,30 +47,29 @@ def _suffixes(client: redis.Redis, prefix: str) -> set[str]:
                                    lambda key: key.decode()[len(prefix):]))
 
 
-def read(client: redis.Redis, layout: _kombu.RedisLayout, queue: str, start: int = 0,
-         count: int = 20) -> list[tuple[int, _kombu.DeadLetter]]:
+def read(client: redis.Redis, layout: RedisLayout, queue: str, start: int = 0,
+         count: int = 20) -> list[tuple[int, DeadLetter]]:
     """Up to ``count`` dead letters of ``queue`` from number ``start`` on, newest first, each with its number."""
     found = client.lrange(layout.dead_letters(queue), start, start + count - 1)
     return entries.decode_each("dead letter", enumerate(found, start),
-                               lambda numbered: (numbered[0], _kombu.DeadLetter.decode(numbered[1])))
+                               lambda numbered: (numbered[0], DeadLetter.decode(numbered[1])))
 
 
-def requeue(client: redis.Redis, layout: _kombu.RedisLayout, queue: str, number: int | None = None) -> int:
+def requeue(client: redis.Redis, layout: RedisLayout, queue: str, number: int | None = None) -> int:
     """Put dead letters back on their queue, to be taken next: one (``number``) or all of them.
     Returns how many went back (an entry another ``requeue`` or ``purge`` took meanwhile is skipped)."""
-    move = _kombu.script(client, "move_message")
     dead = layout.dead_letters(queue)
     found = entries.decode_each("dead letter", _entries(client, dead, queue, number),
-                                lambda entry: (entry, _kombu.DeadLetter.decode(entry)))
+                                lambda entry: (entry, DeadLetter.decode(entry)))
     moved = 0
     for entry, letter in found:
-        moved += move(keys=[dead, layout.queue_lists(letter.queue)[0]], args=[entry, letter.raw])
+        moved += move_waiting(client, dead, layout.queue_lists(letter.queue)[0], entry, letter.raw)
     if moved:  # wake idle workers, as a publish does
-        client.pipeline().lpush(layout.bell(queue), *([1] * moved)).ltrim(layout.bell(queue), 0, BELL_CAP - 1).execute()
+        bells.ring_times(client.pipeline(), layout.bell(queue), moved).execute()
     return moved
 
 
-def purge(client: redis.Redis, layout: _kombu.RedisLayout, queue: str, number: int | None = None) -> int:
+def purge(client: redis.Redis, layout: RedisLayout, queue: str, number: int | None = None) -> int:
     """Delete dead letters of ``queue`` for good: one (``number``) or all. Returns how many."""
     dead = layout.dead_letters(queue)
     if number is None:

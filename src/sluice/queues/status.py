@@ -10,10 +10,10 @@ from typing import Any
 
 import redis
 
-from sluice._kombu import RedisLayout
 from sluice.compute import Compute
 from sluice.errors import NoQueueFits
 from sluice.headers import Headers
+from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.task_catalog import TaskEntry
 from sluice.tasks.heartbeat import read_heartbeats

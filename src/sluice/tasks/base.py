@@ -86,7 +86,7 @@ class ComputeTask(Task):
     def _claim_delivery(self, request: Any) -> None:
         """Claim this attempt in the ledger; act on a redelivery of a dead attempt. The claim
         rode in the STARTED state's store when there was one (``request.sluice_claimed``, set by
-        ``sluice.tasks.result_backend``), else it costs a round trip here."""
+        ``sluice.queues.broker.result_backend``), else it costs a round trip here."""
         claimed = getattr(request, CLAIMED, None)
         if claimed is None:
             write = self.delivery_claim(request)

@@ -24,15 +24,13 @@ from typing import TYPE_CHECKING, Any
 from celery import signals, states
 from celery.result import AsyncResult, ResultSet
 from celery.utils.saferepr import saferepr
-from kombu.entity import maybe_delivery_mode
-from kombu.serialization import dumps
 from rich.progress import Progress
 from vine import barrier
 
 from sluice import terminal
 from sluice.errors import ConfigurationError, SubmitInterrupted
 from sluice.ids import new_id
-from sluice.publishing import MessageTemplate
+from sluice.queues.broker.publishing import MessageTemplate, delivery_mode, serialize
 
 if TYPE_CHECKING:
     from celery import Task
@@ -132,7 +130,7 @@ def delay_many(task: Task, items: Iterable[Any], kwargs: dict[str, Any] | None =
 class _ChunkPublisher:
     """Builds and pipelines one chunk's messages. The task is routed once, and Celery builds one
     message (``create_task_message``, protocol 2) that kombu encodes once as a template
-    (:class:`~sluice.publishing.MessageTemplate`) with slots for the fields protocol 2 makes per
+    (:class:`~sluice.queues.broker.publishing.MessageTemplate`) with slots for the fields protocol 2 makes per
     call (``id``, ``root_id``, ``argsrepr``, the ``correlation_id`` property, the body's args).
     A test holds a message from it equal to ``apply_async``'s. The chunk's task-sent events go
     out after its messages, in one buffered event message."""
@@ -155,13 +153,13 @@ class _ChunkPublisher:
         self.repr_size, self.repr_levels = self.app.amqp.argsrepr_maxsize, self.app.conf.task_repr_maxlevels
         self.encoder = MessageTemplate(self.channel, self.queue)
         slot = self.encoder.slot
-        content_type, content_encoding, _ = dumps(((), kwargs, self.embed), serializer=self.serializer)
+        content_type, content_encoding, _ = serialize(((), kwargs, self.embed), self.serializer)
         headers = {**built.headers, **(route.get("headers") or {}), "id": slot("id"),
                    "root_id": self.root_id or slot("id"), "argsrepr": slot("argsrepr")}
         # the delivery mode Celery's send_task_message picks and kombu's Producer writes
         mode = getattr(getattr(route["queue"], "exchange", None), "delivery_mode", None)
         properties = {**built.properties, "correlation_id": slot("id"),
-                      "delivery_mode": maybe_delivery_mode(mode or self.app.conf.task_default_delivery_mode)}
+                      "delivery_mode": delivery_mode(mode or self.app.conf.task_default_delivery_mode)}
         self.encoder.compile(self.channel.prepare_message("", 0, content_type, content_encoding, headers, properties))
 
     def publish(self, calls: list[tuple[Any, ...]], published: list[str]) -> list[str]:
@@ -192,7 +190,7 @@ class _ChunkPublisher:
     def _add(self, batch: Any, args: tuple[Any, ...], sent: list[dict[str, Any]]) -> str:
         task_id = new_id()
         argsrepr = args_repr(args, self.repr_size, self.repr_levels)
-        _, _, data = dumps((args, self.kwargs, self.embed), serializer=self.serializer)
+        _, _, data = serialize((args, self.kwargs, self.embed), self.serializer)
         batch.push(self.encoder.key, self.queue, self.encoder.encode(data, id=task_id, argsrepr=argsrepr))
         if self.sent_event:
             sent.append({"uuid": task_id, "root_id": self.root_id or task_id, "args": argsrepr})

@@ -12,13 +12,11 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from celery.utils.nodenames import worker_direct
-from kombu import Queue
-
 from sluice import keys
 from sluice.compute import Compute
 from sluice.errors import AttemptFailed, MemoryExhausted, RetriesExhausted, TaskFailed
 from sluice.headers import FORWARDED, Headers
+from sluice.queues.broker.layout import WorkerQueue, worker_queue
 from sluice.tasks.history import append as append_history
 from sluice.tasks.retry import AttemptRecord, Reason, RetryPolicy, decide, summarize
 
@@ -47,12 +45,12 @@ class Attempt:
                    headers.policy or task.retry_policy, headers.sticky)
 
 
-def next_queue(task: ComputeTask, attempt: Attempt, compute: Compute, reason: Reason, worker: str) -> str | Queue:
+def next_queue(task: ComputeTask, attempt: Attempt, compute: Compute, reason: Reason, worker: str) -> str | WorkerQueue:
     """Where the next attempt goes: back to the same live worker when sticky (its process died,
     not the worker), else the smallest class that fits the new size; a queue that is not a
     resource class (a run's private queue) is kept."""
     if attempt.sticky and reason in (Reason.LOST, Reason.MEMORY):
-        return worker_direct(worker)
+        return worker_queue(worker)
     if attempt.sticky:
         return attempt.sticky
     if attempt.queue in task.app.catalog:

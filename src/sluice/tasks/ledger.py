@@ -2,7 +2,7 @@
 
 Each time a worker is about to run a message it claims the task in Redis with one
 ``SET ... GET`` (the old claim comes back), made by the result backend's script in the same
-round trip as the task's STARTED state (``sluice.tasks.result_backend``), or on its own when no
+round trip as the task's STARTED state (``sluice.queues.broker.result_backend``), or on its own when no
 STARTED state is stored. A message is only redelivered when
 the worker holding it never acknowledged it; so an old claim for the same attempt means that
 attempt started and never finished. If its worker is gone (heartbeat expired, or a new

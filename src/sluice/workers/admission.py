@@ -30,10 +30,10 @@ from typing import Any
 from celery.exceptions import InvalidTaskError
 from celery.worker.strategy import default as celery_strategy
 
-from sluice import transport
 from sluice.compute import Compute
 from sluice.errors import NoQueueFits
 from sluice.headers import FORWARDED, Headers
+from sluice.queues.broker import moves
 from sluice.queues.catalog import Catalog
 from sluice.workers.gpu import gpu_count
 
@@ -70,8 +70,7 @@ def decide(name: str, compute: Compute, source: str, catalog: Catalog, intake: s
 
 def source_queue(message: Any) -> str:
     """The queue a message was fetched from."""
-    info = message.delivery_info or {}
-    return str(info.get(transport.SOURCE_QUEUE) or info.get("routing_key") or "")
+    return moves.source_queue(message.delivery_info)
 
 
 def forward(app: Any, message: Any, name: str, compute: Compute, target: str) -> None:
@@ -79,7 +78,7 @@ def forward(app: Any, message: Any, name: str, compute: Compute, target: str) ->
     source = source_queue(message)
     headers = dict(message.headers or {})
     headers[FORWARDED] = [*read_headers(message).forwarded, source]
-    moved = message.channel.forward(message, target, headers)
+    moved = moves.forward(message, target, headers)
     task_id = headers.get("id", "?")
     if not moved:
         log.warning("task %s[%s]: not forwarded, the message was restored to %s meanwhile", name, task_id, source)

@@ -26,9 +26,10 @@ from typing import Any
 from celery.worker import state
 
 from sluice.compute import Compute
+from sluice.queues.broker.moves import fetch_depth, forward
+from sluice.queues.broker.qos import install_gate
 from sluice.queues.catalog import ResourceClass
 from sluice.tasks.escalation import Attempt
-from sluice.transport import FETCH_DEPTH
 
 log = logging.getLogger("sluice.worker")
 
@@ -39,7 +40,8 @@ MAX_DEPTH = 8
 
 
 class Packing:
-    """The room left on one packed worker, and what its channel fetches next (``sluice.transport``)."""
+    """The room left on one packed worker, and what its channel fetches next: the
+    :class:`~sluice.queues.broker.qos.FetchGate` it installs on its channel."""
 
     def __init__(self, resource_class: ResourceClass) -> None:
         self.resource_class = resource_class
@@ -77,7 +79,7 @@ class Packing:
     def admit(self, message: Any, name: str, compute: Compute) -> bool:
         """Whether to start ``message`` (from this class's queue) now; if not, it is put back
         where it was found, and the next fetch goes one message deeper or waits."""
-        depth = message.delivery_info.get(FETCH_DEPTH, 0)
+        depth = fetch_depth(message)
         if self.fits(compute):
             if depth == 0:
                 self._head, self._passes = None, 0     # the head starts: backfill may pass the next
@@ -86,8 +88,8 @@ class Packing:
                 if self._passes >= self.resource_class.slots:
                     self._wait_for_an_end()
             return True
-        message.channel.forward(message, self.queue, dict(message.headers or {}), put_back=depth)
-        message.channel.qos.gate = self   # its fetches now follow depth()
+        forward(message, self.queue, dict(message.headers or {}), put_back=depth)
+        install_gate(message, self)   # its channel's fetches now follow depth()
         if depth == 0 and message.delivery_tag != self._head:
             self._head, self._passes = message.delivery_tag, 0
         if depth + 1 < MAX_DEPTH and self._passes < self.resource_class.slots:

@@ -35,8 +35,11 @@ import redis
 from celery import Celery
 from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE, WORKER_DIRECT_QUEUE_FORMAT
 
-from sluice import _kombu, entries, keys
+from sluice import entries, keys
 from sluice.headers import Headers, attempt_of
+from sluice.queues.broker.layout import Held, RedisLayout, message_of, restore
+from sluice.queues.broker.letters import dead_letter_held
+from sluice.queues.broker.moves import move_waiting, routed_to
 from sluice.tasks import ledger
 from sluice.workers.periodic import Periodic
 
@@ -52,8 +55,7 @@ class OrphanReaper(Periodic):
         self.client = client
         self.instance = instance
         self.grace = grace
-        self.layout = _kombu.RedisLayout.of_app(app)
-        self._move = _kombu.script(client, "move_message")
+        self.layout = RedisLayout.of_app(app)
 
     def tick(self) -> list[str]:
         return self.sweep_once()
@@ -67,7 +69,7 @@ class OrphanReaper(Periodic):
         readable, unreadable = self.layout.held_entries(self.client)
         for held in readable:
             if self._orphaned(held, now):
-                _kombu.restore(self.app, held.tag)
+                restore(self.app, held.tag)
                 restored.append(held.task_id or "?")
         if restored:
             log.warning("restored %d message(s) held by dead workers: %s", len(restored), ", ".join(restored))
@@ -81,7 +83,7 @@ class OrphanReaper(Periodic):
         if since is None or now - since <= self.grace:
             return
         reason = f"unreadable while held ({type(why).__name__}: {why}), and its holder stopped renewing it"
-        if _kombu.dead_letter_held(self.client, self.layout, tag, entry, reason[:500]):
+        if dead_letter_held(self.client, self.layout, tag, entry, reason):
             log.warning("moved held message %r, which does not decode, to the dead letters: %s", tag, why)
 
     def rehome_direct_queues(self) -> list[str]:
@@ -100,14 +102,14 @@ class OrphanReaper(Periodic):
                                                           _rehomed):
                 if not home:
                     continue
-                if self._move(keys=[queue, home], args=[raw, json.dumps(message)]):
+                if move_waiting(self.client, queue, home, raw, json.dumps(message)):
                     moved.append(str(message["headers"].get("id", "?")))
         if moved:
             log.warning("moved %d message(s) from dead workers' own queues to their home queues: %s",
                         len(moved), ", ".join(moved))
         return moved
 
-    def _orphaned(self, held: _kombu.Held, now: float) -> bool:
+    def _orphaned(self, held: Held, now: float) -> bool:
         headers = held.message.get("headers") or {}
         task_id = held.task_id
         claim = ledger.current(self.client, task_id) if task_id else None
@@ -122,11 +124,9 @@ class OrphanReaper(Periodic):
 def _rehomed(raw: bytes) -> tuple[bytes, dict[str, Any], str | None]:
     """A message waiting in a worker's own queue: as it was, routed to its home queue, and that
     home (None: it has none, and stays)."""
-    message = _kombu.message_of(raw)
+    message = message_of(raw)
     home = Headers.read(message.get("headers") or {}).sticky
-    if home:
-        message["properties"]["delivery_info"].update(exchange="", routing_key=home)
-    return raw, message, home
+    return raw, routed_to(message, home) if home else message, home
 
 
 def direct_queue_owner(queue: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from celery import states
 
-from sluice import _kombu, entries, keys
+from sluice import entries, keys
 from sluice.app import App
 from sluice.client.batch import recovery
 from sluice.client.batch.progress import (
@@ -44,6 +44,7 @@ from sluice.tasks.batch.records import (
     decode,
     encode,
 )
+from sluice.queues.broker.layout import RedisLayout, task_states
 from sluice.tasks.batch.taskfile import TaskFile
 from sluice.tasks.retry import RetryOn, RetryPolicy
 
@@ -65,7 +66,7 @@ class Driver:
         self.on_record = on_record
         self.on_progress = on_progress
         self.client = app.redis
-        self.layout = _kombu.RedisLayout.of_app(app)
+        self.layout = RedisLayout.of_app(app)
         self.progress = Progress()
         self.quarantine = Quarantine(app, settings.queue, settings.quarantine_after, self.progress)
         self.lost_chunks = recovery.LostChunks(self.client, self.layout, settings.queue)
@@ -244,7 +245,7 @@ class Driver:
         if not self.chunks:
             return
         ids = list(self.chunks)
-        chunk_states = _kombu.task_states(self.client, self.app, ids)
+        chunk_states = task_states(self.client, self.app, ids)
         ended: list[str] = []
         for chunk_id, state in zip(ids, chunk_states):
             if not any(i in self.waiting for i in self.chunks[chunk_id]):

@@ -17,7 +17,6 @@ from typing import Any
 
 import click
 import redis
-from kombu.exceptions import OperationalError
 from rich.markup import escape
 
 from sluice import redis_client, terminal
@@ -33,6 +32,7 @@ from sluice.client.batch.trajectory import require_lance, write_trajectory
 from sluice.config import Settings
 from sluice.deploy.embedded import EmbeddedRedis
 from sluice.errors import ConfigurationError, InvalidRequestError
+from sluice.queues.broker.publishing import PublishError
 from sluice.signing import NO_SECRET
 from sluice.tasks.batch.records import Failure, Record, decode, encode, execute_item
 from sluice.tasks.batch.taskfile import TaskFile
@@ -211,7 +211,7 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOption
         lost_broker = False
         try:
             code = driver.run(done)
-        except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, PublishError) as exc:
             console.print(f"[red]lost the broker for over {redis_client.OUTAGE_WAIT:.0f} s ({exc}); nothing "
                           "counts as failed: run again with --resume once Redis is back[/red]")
             lost_broker, code = True, EXIT_BROKER_LOST

@@ -19,8 +19,8 @@ import redis
 from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE
 
 from sluice import entries
-from sluice._kombu import RedisLayout, task_args
 from sluice.keys import RunPart
+from sluice.queues.broker.layout import RedisLayout, task_args
 from sluice.tasks.batch.records import FAILED, RERUN, Failure, decode
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ import psutil
 import redis
 
 from sluice import keys
-from sluice._kombu import RedisLayout
 from sluice.deploy.embedded import private_dir
+from sluice.queues.broker.layout import RedisLayout
 
 
 def private_queue(run_id: str) -> str:

@@ -5,23 +5,23 @@ every delivered-but-unacknowledged message in the ``unacked`` hash (tag -> [mess
 routing key]) with its delivery time in the ``unacked_index`` sorted set, and the queues bound to
 an exchange in a set ``_kombu.binding.<exchange>`` (members exchange-key + sep + queue). Names
 and separator follow the broker's transport options, defaulting to kombu's own. Celery's result
-keys come from the result backend itself. Lua scripts live beside this package as ``*.lua``.
+keys come from the result backend itself.
 
-sluice's own transport (``sluice.transport``) is built on this layout, and adds two key kinds
-to it: a bell per queue and a dead-letter list per queue.
+sluice's own transport (``sluice.queues.broker.transport``) is built on this layout, and adds two key kinds
+to it: a bell per queue (``bells``) and a dead-letter list per queue (``letters``).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import time
 from collections import Counter
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import redis
+from celery.utils.nodenames import worker_direct
+from kombu import Queue
 from kombu.exceptions import DecodeError
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 
@@ -88,21 +88,30 @@ class RedisLayout:
     def of_app(cls, app: Any) -> RedisLayout:
         return cls.of(app.conf.broker_transport_options)
 
-    def _key(self, name: str) -> str:
+    def key(self, name: str) -> str:
+        """The full name of key ``name`` (kombu's own client adds the prefix; a plain one does not)."""
         return self.global_keyprefix + name
 
+    def unacked(self) -> str:
+        """The full name of kombu's unacked hash (tag -> [message, exchange, routing key])."""
+        return self.key(self.unacked_key)
+
+    def unacked_index(self) -> str:
+        """The full name of kombu's unacked index (tag -> delivery time)."""
+        return self.key(self.unacked_index_key)
+
     def bell(self, queue: str) -> str:
-        return self._key(keys.bell(queue))
+        return self.key(keys.bell(queue))
 
     def dead_letters(self, queue: str) -> str:
-        return self._key(keys.dead_letters(queue))
+        return self.key(keys.dead_letters(queue))
 
     def dead_letter_count(self, queue: str) -> str:
-        return self._key(keys.stat("dead_letters", queue))
+        return self.key(keys.stat("dead_letters", queue))
 
     def queue_lists(self, queue: str) -> list[str]:
         """The Redis lists holding a queue's waiting messages, one per priority step."""
-        return [self._key(f"{queue}{self.sep}{step}" if step else queue) for step in self.priority_steps]
+        return [self.key(f"{queue}{self.sep}{step}" if step else queue) for step in self.priority_steps]
 
     def queue_depth(self, client: redis.Redis, queue: str) -> int:
         """Messages waiting in a queue (every priority list of it), in one round trip."""
@@ -125,7 +134,7 @@ class RedisLayout:
     def held_entries(self, client: redis.Redis) -> tuple[list[Held], list[tuple[tuple[bytes, bytes], Exception]]]:
         """Every message delivered to a worker and not acknowledged yet, and apart the (tag, entry)
         pairs that do not decode (with why): a worker may hold a message sluice cannot read."""
-        return entries.split("held message", client.hgetall(self._key(self.unacked_key)).items(),
+        return entries.split("held message", client.hgetall(self.unacked()).items(),
                              lambda item: Held.decode(*item))
 
     def held(self, client: redis.Redis) -> list[Held]:
@@ -138,22 +147,31 @@ class RedisLayout:
 
     def held_since(self, client: redis.Redis, tag: str | bytes) -> float | None:
         """When a held message was delivered (kombu's index), if it is still held."""
-        return client.zscore(self._key(self.unacked_index_key), tag)
+        return client.zscore(self.unacked_index(), tag)
 
     def drop_held(self, client: redis.Redis, queue: str) -> int:
         """Forget the held messages that came from ``queue`` (its workers are gone for good)."""
         tags = [item.tag for item in self.held(client) if item.queue == queue]
         if tags:
             pipe = client.pipeline()
-            pipe.hdel(self._key(self.unacked_key), *tags)
-            pipe.zrem(self._key(self.unacked_index_key), *tags)
+            pipe.hdel(self.unacked(), *tags)
+            pipe.zrem(self.unacked_index(), *tags)
             pipe.execute()
         return len(tags)
 
     def bound_queues(self, client: redis.Redis, exchange: str) -> list[str]:
         """The queues bound to an exchange (for Celery's direct exchange: every worker's own queue)."""
-        members = client.smembers(self._key(Channel.keyprefix_queue % exchange))
+        members = client.smembers(self.key(Channel.keyprefix_queue % exchange))
         return entries.decode_each("queue binding", members, lambda member: member.decode().rsplit(self.sep, 1)[-1])
+
+
+#: A kombu queue (what Celery routes a message to when a name is not enough).
+WorkerQueue = Queue
+
+
+def worker_queue(worker: str) -> WorkerQueue:
+    """A worker's own queue (Celery's worker-direct queue, ``<worker>.dq2``), bound as Celery binds it."""
+    return worker_direct(worker)
 
 
 def task_args(message: dict[str, Any]) -> list[Any] | None:
@@ -191,97 +209,3 @@ def task_states(client: redis.Redis, app: Any, task_ids: list[str]) -> list[str 
             raise ValueError(exc) from exc
 
     return [None if raw is None else entries.decode_one("task result", raw, status, None) for raw in metas]
-
-
-def lua_source(name: str) -> str:
-    """The text of the Lua script shipped as ``sluice/lua/<name>.lua``."""
-    return resources.files("sluice").joinpath("lua", f"{name}.lua").read_text()
-
-
-def script(client: redis.Redis, name: str) -> Any:
-    """A Lua script shipped as ``sluice/lua/<name>.lua``, registered on ``client``."""
-    return client.register_script(lua_source(name))
-
-
-# --- dead letters ------------------------------------------------------------------------------
-
-#: The most dead letters kept per queue (the oldest are dropped; the counter keeps the total).
-DEAD_LETTER_CAP = 10_000
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """A message that could not be run: why, the queue it came from, when, and its raw bytes.
-
-    Stored as ``<JSON header>\\n<raw message>`` (``fetch.lua`` writes the same format), so a body
-    that is not even text survives intact."""
-
-    reason: str
-    queue: str
-    at: float
-    raw: bytes
-
-    def encode(self) -> bytes:
-        header = json.dumps({"reason": self.reason, "queue": self.queue, "at": self.at})
-        return header.encode() + b"\n" + self.raw
-
-    @classmethod
-    def decode(cls, entry: bytes) -> DeadLetter:
-        header, _, raw = entry.partition(b"\n")
-        fields = entries.loads(header)
-        return cls(str(fields["reason"]), str(fields["queue"]), float(fields["at"]), raw)
-
-    @property
-    def task_id(self) -> str | None:
-        try:
-            return str(json.loads(self.raw)["headers"]["id"])
-        except (ValueError, TypeError, KeyError):
-            return None
-
-
-def dead_letter(client: redis.Redis, layout: RedisLayout, letter: DeadLetter, held_tag: str | None = None) -> None:
-    """Add a dead letter to its queue's list (and forget the held message it was, atomically)."""
-    pipe = client.pipeline()
-    _add_dead_letter(pipe, layout, letter, held_tag)
-    pipe.execute()
-
-
-def dead_letter_held(client: redis.Redis, layout: RedisLayout, tag: bytes, entry: bytes, reason: str) -> bool:
-    """Make a held message that does not decode (``entry``, its unacked hash field) a dead letter,
-    if it is still held as it was read (its holder may acknowledge it meanwhile; kombu's restore
-    watches the hash the same way). False when it no longer was."""
-    letter = unreadable_held(layout, entry, reason)
-    key = layout._key(layout.unacked_key)
-
-    def put_aside(pipe: redis.client.Pipeline) -> bool:
-        if pipe.hget(key, tag) != entry:
-            return False
-        pipe.multi()
-        _add_dead_letter(pipe, layout, letter, tag)
-        return True
-
-    return bool(client.transaction(put_aside, key, value_from_callable=True))
-
-
-def unreadable_held(layout: RedisLayout, entry: bytes, reason: str) -> DeadLetter:
-    """The dead letter a held entry that does not decode becomes: its message on the dead letters
-    of its queue, both read as kombu reads the entry, but with each byte that is not UTF-8 kept as
-    it was instead of replaced (so ``show`` has the culprit, and ``requeue`` puts back what was
-    taken); the whole entry, on the dead letters of the unacked hash's name, if not even that reads."""
-    try:
-        message, _exchange, queue = json.loads(entry.decode("utf-8", "surrogateescape"))
-        raw = json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogateescape")
-        queue.encode()  # names a key: must be text
-    except entries.UNREADABLE:
-        raw, queue = entry, layout.unacked_key
-    return DeadLetter(reason, queue, time.time(), raw)
-
-
-def _add_dead_letter(pipe: redis.client.Pipeline, layout: RedisLayout, letter: DeadLetter,
-                     held_tag: str | bytes | None) -> None:
-    pipe.lpush(layout.dead_letters(letter.queue), letter.encode())
-    pipe.ltrim(layout.dead_letters(letter.queue), 0, DEAD_LETTER_CAP - 1)
-    pipe.incr(layout.dead_letter_count(letter.queue))
-    if held_tag is not None:
-        pipe.hdel(layout._key(layout.unacked_key), held_tag)
-        pipe.zrem(layout._key(layout.unacked_index_key), held_tag)

@@ -26,7 +26,7 @@ if depth then
 else
   redis.call('LPUSH', KEYS[3], ARGV[2])
 end
-redis.call('LPUSH', KEYS[4], 1)
+redis.call('LPUSH', KEYS[4], 1)  -- a bell token, as sluice.queues.broker.bells rings (a test holds them equal)
 redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[3]) - 1)
 if ARGV[4] ~= '' then redis.call('HINCRBY', KEYS[5], ARGV[4], 1) end
 return 1

@@ -1,8 +1,9 @@
 """What a publish on the sluice transport sends besides its message: its queue's bell token
-(``ring``, and ``BellBatch`` for pipelined batches), fanout messages (events, broadcasts) on a
-connection that waits for no reply (``UnansweredPublisher``, through the channel mixin
-``EventPublishing``), and many messages that differ in a few strings encoded from one template
-(``MessageTemplate``). See ``sluice.transport``."""
+(``BellBatch`` rings each queue's bell once per pipelined batch; see ``bells``), fanout messages
+(events, broadcasts) on a connection that waits for no reply (``UnansweredPublisher``, through
+the channel mixin ``EventPublishing``), and many messages that differ in a few strings encoded
+from one template (``MessageTemplate``, with ``serialize`` and ``delivery_mode`` as kombu's
+Producer has them). See ``sluice.queues.broker.transport``."""
 
 from __future__ import annotations
 
@@ -13,20 +14,29 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import redis
+from kombu.entity import maybe_delivery_mode
+from kombu.exceptions import OperationalError
+from kombu.serialization import dumps as serialize_body
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
 from sluice import keys
 from sluice.ids import new_id
+from sluice.queues.broker import bells
 
-#: The most bell tokens a served queue keeps: enough to wake every idle worker of a class at
-#: once. A publish only pushes its token; each fetch trims (``fetch.lua``).
-BELL_CAP = 1000
+#: What a publish raises when the broker cannot be reached (after kombu's retries).
+PublishError = OperationalError
 
 
-def ring(pipe: Any, queue: str) -> Any:
-    """Add a bell token for ``queue`` to a pipeline of kombu's (prefixed) client; returns the pipeline."""
-    return pipe.lpush(keys.bell(queue), 1)
+def serialize(body: Any, serializer: str) -> tuple[str, str, Any]:
+    """``body`` encoded as kombu's Producer encodes a message body: content type, encoding, data."""
+    content_type, content_encoding, data = serialize_body(body, serializer=serializer)
+    return content_type, content_encoding, data
+
+
+def delivery_mode(mode: Any) -> int | None:
+    """The delivery mode kombu's Producer writes for ``mode`` (a name such as "persistent", or a number)."""
+    return maybe_delivery_mode(mode)
 
 
 class BellBatch(kombu_redis.PublishBatch):
@@ -40,8 +50,7 @@ class BellBatch(kombu_redis.PublishBatch):
 
     def flush(self) -> None:
         for queue, count in self.bells.items():
-            self.pipeline.lpush(keys.bell(queue), *[1] * min(count, BELL_CAP))
-            self.pipeline.ltrim(keys.bell(queue), 0, BELL_CAP - 1)
+            bells.ring_times(self.pipeline, keys.bell(queue), count)
         self.bells.clear()
         super().flush()
 

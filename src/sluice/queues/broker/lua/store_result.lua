@@ -1,7 +1,7 @@
 -- Store a task's state unless a success is already stored: Celery's own rule (a lost or
 -- redelivered task must not overwrite the result of a run that succeeded), kept in one atomic
 -- step instead of Celery's GET and then a SET + PUBLISH pipeline, two round trips per state.
--- With a STARTED state, the worker's delivery-ledger claim rides along (sluice.workers.ledger).
+-- With a STARTED state, the worker's delivery-ledger claim rides along (sluice.tasks.ledger).
 --
 -- KEYS[1] the task's result key, KEYS[2] (optional) the task's ledger key.
 -- ARGV[1] the encoded meta (JSON), ARGV[2] its expiry in seconds ("" for none), ARGV[3] the
@@ -9,7 +9,7 @@
 -- the claim, ARGV[5] its expiry in seconds.
 -- Publishes the meta on the key's channel, as Celery's Redis backend does, for the waiters
 -- subscribed to it; a meta too big for Redis's pub/sub buffer limits is announced instead by
--- a notice (sluice.tasks.result_consumer.Notice), and the waiters read the stored meta.
+-- a notice (sluice.queues.broker.result_consumer.Notice), and the waiters read the stored meta.
 -- Returns {1 when stored, 0 when a success was already there; the claim the new one
 -- replaced, or nil}.
 

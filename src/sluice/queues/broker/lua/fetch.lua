@@ -16,11 +16,12 @@
 --
 -- A publish pushes one bell token and does not trim (one command less on every .delay()): the
 -- fetch that takes a message spends a token and trims the bell to its cap, so a bell holds at
--- most the cap while its queue is served, and one small token per waiting message while not.
+-- most the cap while its queue is served, and one small token per waiting message while not
+-- (the token and the cap: sluice.queues.broker.bells).
 --
 -- A message whose envelope is not kombu's (not JSON, not valid UTF-8, not an object, no delivery
 -- tag) is moved to its queue's dead-letter list as "<json header>\n<raw message>" (the format of
--- sluice._kombu.DeadLetter) and the search goes on.
+-- sluice.queues.broker.letters.DeadLetter; a test holds the two equal) and the search goes on.
 -- Returns {dead} when nothing could be taken, else {dead, list number (1-based), raw, tag}.
 
 -- The position of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong

@@ -7,7 +7,7 @@ cut to 1 KiB, so a call with a 60 MB argument stores and publishes a meta of a f
 60 MB twice (STARTED and SUCCESS); a task declared ``result_args=False`` keeps them out (a batch
 chunk's are up to a thousand items, already in Redis). A meta still too big to publish (a big
 return value) is stored and announced by a small notice, which the caller's consumer
-(:mod:`sluice.tasks.result_consumer`) reads the stored meta for.
+(:mod:`sluice.queues.broker.result_consumer`) reads the stored meta for.
 A sender subscribes to a task's result channel when it waits for the result, not when it
 sends the task. And a state is stored in one round trip (``lua/store_result.lua``), not two.
 Installed by the App as the backend for ``redis://``, ``rediss://`` and ``sentinel://`` URLs
@@ -24,10 +24,11 @@ from celery.exceptions import BackendStoreError
 from celery.utils.saferepr import saferepr
 from kombu.utils.encoding import bytes_to_str
 
-from sluice import _kombu
-from sluice.tasks import ledger
+from sluice.queues.broker import scripts
+from sluice.queues.broker.result_consumer import PUBLISH_LIMIT, ComputeResultConsumer, Notice
 from sluice.tasks.base import CLAIMED, ComputeTask
-from sluice.tasks.result_consumer import PUBLISH_LIMIT, ComputeResultConsumer, Notice
+from sluice.tasks import ledger
+from sluice.tasks.escalation import Attempt
 
 #: What the App maps result backend URLs to, by scheme.
 PATHS = {scheme: f"{__name__}:ComputeResultBackend" for scheme in ("redis", "rediss")} | {
@@ -46,8 +47,6 @@ class WithCompute:
         if request is None:
             return meta
         self._bound_arguments(meta)
-        from sluice.tasks.escalation import Attempt
-
         task = self.app.tasks.get(getattr(request, "task", None) or "")  # type: ignore[attr-defined]
         if not isinstance(task, ComputeTask):
             return meta
@@ -122,7 +121,7 @@ class StoreInOneStep:
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:  # type: ignore[attr-defined]
             raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)
         notice = ""
-        if len(value) > PUBLISH_LIMIT:  # announced instead of published (sluice.tasks.result_consumer)
+        if len(value) > PUBLISH_LIMIT:  # announced instead of published (sluice.queues.broker.result_consumer)
             notice = self.encode(Notice(meta["task_id"], state).encode())  # type: ignore[attr-defined]
         claim = self._claim_for(request) if state == states.STARTED else None
         key = self.get_key_for_task(task_id)  # type: ignore[attr-defined]
@@ -152,13 +151,10 @@ class StoreInOneStep:
         # Celery's expiry: result_failure_expires for a failure, result_expires otherwise
         expires = self.failure_expires if state == states.FAILURE else self.expires  # type: ignore[attr-defined]
         args: list[Any] = [value, int(expires) if expires else "", notice]
+        client = self.client  # type: ignore[attr-defined]
         if claim is None:
-            return self._store_script(keys=[key], args=args)  # type: ignore[no-any-return]
-        return self._store_script(keys=[key, claim.key], args=[*args, claim.value, claim.ttl])  # type: ignore[no-any-return]
-
-    @functools.cached_property
-    def _store_script(self) -> Any:
-        return _kombu.script(self.client, "store_result")  # type: ignore[attr-defined]
+            return scripts.run(client, "store_result", [key], args)
+        return scripts.run(client, "store_result", [key, claim.key], [*args, claim.value, claim.ttl])
 
 
 class ComputeResultBackend(WithCompute, SubscribeOnWait, StoreInOneStep, RedisBackend):
