@@ -40,11 +40,30 @@ _EXPORTS = {
     "remote": "sluice.client.remote",
     "session": "sluice.client.remote",
     # errors
-    **{name: "sluice.errors" for name in (
-        "SluiceError", "ConfigurationError", "DefinitionError", "NoQueueFits", "GpuUnavailable",
-        "BrokerUnavailable", "TaskFailed", "MemoryKilled", "WorkerLost", "AttemptFailed", "RetriesExhausted",
-        "MemoryExhausted", "InvalidPackageError", "SerializationError", "InvalidRequestError", "RemoteError",
-        "SandboxDied", "SandboxCrashed", "CallTimeout")},
+    **{
+        name: "sluice.errors"
+        for name in (
+            "SluiceError",
+            "ConfigurationError",
+            "DefinitionError",
+            "NoQueueFits",
+            "GpuUnavailable",
+            "BrokerUnavailable",
+            "TaskFailed",
+            "MemoryKilled",
+            "WorkerLost",
+            "AttemptFailed",
+            "RetriesExhausted",
+            "MemoryExhausted",
+            "InvalidPackageError",
+            "SerializationError",
+            "InvalidRequestError",
+            "RemoteError",
+            "SandboxDied",
+            "SandboxCrashed",
+            "CallTimeout",
+        )
+    },
 }
 
 __all__ = [*_EXPORTS, "default_capabilities"]

@@ -34,8 +34,9 @@ REDIS_SCHEMES = ("redis", "rediss", "unix", redis_client.SENTINEL_SCHEME)
 FALLBACK_BROKER = "redis://127.0.0.1:6379/0"
 
 
-def safe_defaults(settings: Settings, default_queue: str, broker: str = FALLBACK_BROKER,
-                  backend: str = FALLBACK_BROKER) -> dict[str, Any]:
+def safe_defaults(
+    settings: Settings, default_queue: str, broker: str = FALLBACK_BROKER, backend: str = FALLBACK_BROKER
+) -> dict[str, Any]:
     """Celery settings chosen for long, memory-hungry tasks (each one explained in the README).
 
     * ``task_acks_late`` + prefetch 1: a message is acknowledged only once its task has ended,
@@ -50,9 +51,14 @@ def safe_defaults(settings: Settings, default_queue: str, broker: str = FALLBACK
     * the ``sluice`` transport (``sluice.queues.broker.transport``): reliable fetch, dead letters, leases;
       and a consumer that keeps every message Celery cannot run as a dead letter.
     """
-    sentinel = ({"master_name": redis_client.require_master_name(url, settings),
-                 "sentinel_kwargs": redis_client.sentinel_kwargs(settings)}
-                for url in (broker, backend) if redis_client.is_sentinel(url))
+    sentinel = (
+        {
+            "master_name": redis_client.require_master_name(url, settings),
+            "sentinel_kwargs": redis_client.sentinel_kwargs(settings),
+        }
+        for url in (broker, backend)
+        if redis_client.is_sentinel(url)
+    )
     sentinel_options = next(sentinel, {})
     return {
         "broker_transport": transport.alias_for(broker),
@@ -63,10 +69,11 @@ def safe_defaults(settings: Settings, default_queue: str, broker: str = FALLBACK
         "result_serializer": "json",
         "accept_content": ["json"],
         "result_accept_content": ["json"],
-        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout,
-                                     leases.LEASE_OPTION: leases.lease_interval(
-                                         settings.visibility_timeout, settings.orphan_grace),
-                                     **(sentinel_options if redis_client.is_sentinel(broker) else {})},
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout,
+            leases.LEASE_OPTION: leases.lease_interval(settings.visibility_timeout, settings.orphan_grace),
+            **(sentinel_options if redis_client.is_sentinel(broker) else {}),
+        },
         "result_backend_transport_options": sentinel_options if redis_client.is_sentinel(backend) else {},
         "result_extended": True,
         "task_track_started": True,
@@ -81,18 +88,39 @@ def safe_defaults(settings: Settings, default_queue: str, broker: str = FALLBACK
 #: Options ``@app.task`` accepts besides Celery's own and those the installed capabilities declare.
 CORE_TASK_OPTIONS = ("compute", "retry")
 #: Celery task options read from the task class by name, not declared on ``celery.Task`` itself.
-_CELERY_EXTRA_OPTIONS = ("shared", "lazy", "filter", "autoretry_for", "dont_autoretry_for", "retry_kwargs",
-                         "retry_backoff", "retry_backoff_max", "retry_jitter", "queue", "routing_key", "exchange",
-                         "exchange_type", "compression", "store_eager_result", "backend")
+_CELERY_EXTRA_OPTIONS = (
+    "shared",
+    "lazy",
+    "filter",
+    "autoretry_for",
+    "dont_autoretry_for",
+    "retry_kwargs",
+    "retry_backoff",
+    "retry_backoff_max",
+    "retry_jitter",
+    "queue",
+    "routing_key",
+    "exchange",
+    "exchange_type",
+    "compression",
+    "store_eager_result",
+    "backend",
+)
 
 
 @functools.cache
 def celery_task_options() -> tuple[str, ...]:
     """Every option Celery's ``@app.task`` accepts: its keywords and the ``Task`` class's settings."""
     keywords = [n for n in inspect.signature(Celery._task_from_fun).parameters if n not in ("self", "fun", "options")]
-    attributes = [n for cls in Task.__mro__ for n, v in vars(cls).items()  # vars: no deprecated getter runs
-                  if not n.startswith("_") and not callable(v) and not isinstance(v, (property, classmethod, staticmethod))
-                  and n not in ("app", "request_stack")]
+    attributes = [
+        n
+        for cls in Task.__mro__
+        for n, v in vars(cls).items()  # vars: no deprecated getter runs
+        if not n.startswith("_")
+        and not callable(v)
+        and not isinstance(v, (property, classmethod, staticmethod))
+        and n not in ("app", "request_stack")
+    ]
     return tuple(sorted({*keywords, *attributes, *_CELERY_EXTRA_OPTIONS, "Request", "Strategy"}))
 
 
@@ -108,12 +136,21 @@ class App(Celery):
     #: Celery's events with sluice's dispatcher (``sluice.events``: the task-sent event costs less).
     events_cls = "sluice.events:Events"
 
-    def __init__(self, main: str | None = None, *, default_compute: Compute | None = None,
-                 classes: Iterable[ResourceClass] | None = None, settings: Settings | None = None,
-                 broker: str | None = None, backend: str | None = None,
-                 capabilities: Iterable[Capability] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        main: str | None = None,
+        *,
+        default_compute: Compute | None = None,
+        classes: Iterable[ResourceClass] | None = None,
+        settings: Settings | None = None,
+        broker: str | None = None,
+        backend: str | None = None,
+        capabilities: Iterable[Capability] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.capabilities: tuple[Capability, ...] = tuple(
-            sluice.default_capabilities() if capabilities is None else capabilities)
+            sluice.default_capabilities() if capabilities is None else capabilities
+        )
         settings = settings or Settings.load(sections=[c.settings for c in self.capabilities if c.settings])
         if default_compute is not None and not isinstance(default_compute, Compute):
             raise ConfigurationError(f"default_compute={default_compute!r} must be a sluice.Compute")
@@ -123,16 +160,25 @@ class App(Celery):
         self.catalog.route(self.unlearned(self.default_compute), "the app's default compute")
         broker = broker or settings.broker_url or embedded_broker_url(settings.home) or FALLBACK_BROKER
         _check_redis_url(broker)
-        super().__init__(main, broker=broker, backend=backend or settings.result_backend or broker,
-                         task_cls=ComputeTask, **kwargs)
+        super().__init__(
+            main, broker=broker, backend=backend or settings.result_backend or broker, task_cls=ComputeTask, **kwargs
+        )
         self.loader.override_backends = {**self.loader.override_backends, **result_backend.PATHS}
-        self.conf.update(safe_defaults(settings, self.catalog.default_class.name, broker,
-                                       backend or settings.result_backend or broker))
+        self.conf.update(
+            safe_defaults(
+                settings, self.catalog.default_class.name, broker, backend or settings.result_backend or broker
+            )
+        )
         self.conf.task_routes = (ComputeRouter(self),)
         self.steps["worker"].add(SluiceWorkerStep)
-        self.user_options["worker"].add(click.Option(
-            ["--allow-no-gpu"], is_flag=True, default=False,
-            help="Let this worker consume gpu classes on a machine without a GPU (development only)."))
+        self.user_options["worker"].add(
+            click.Option(
+                ["--allow-no-gpu"],
+                is_flag=True,
+                default=False,
+                help="Let this worker consume gpu classes on a machine without a GPU (development only).",
+            )
+        )
         for capability in self.capabilities:
             capability.install(self)
 
@@ -174,7 +220,8 @@ class App(Celery):
             where = f"{_task_name(fun, opts)}: " if fun is not None else ""
             raise ConfigurationError(
                 f"{where}unknown task option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                f"sluice accepts {', '.join(own)} and Celery's own: {', '.join(celery_task_options())}")
+                f"sluice accepts {', '.join(own)} and Celery's own: {', '.join(celery_task_options())}"
+            )
 
     def _checked_task(self, opts: dict[str, Any], fun: Any) -> Any:
         self._check_task(fun, opts)
@@ -183,7 +230,9 @@ class App(Celery):
     def _check_task(self, fun: Any, opts: dict[str, Any]) -> None:
         compute, policy, name = opts.get("compute"), opts.get("retry_policy"), _task_name(fun, opts)
         if compute is not None and not isinstance(compute, Compute):
-            raise ConfigurationError(f"{name}: compute={compute!r} must be a sluice.Compute, e.g. Compute(memory='8Gi')")
+            raise ConfigurationError(
+                f"{name}: compute={compute!r} must be a sluice.Compute, e.g. Compute(memory='8Gi')"
+            )
         if policy is not None and not isinstance(policy, RetryPolicy):
             raise ConfigurationError(f"{name}: retry={policy!r} must be a sluice.RetryPolicy")
         effective = self.unlearned((compute or Compute()).inherit(self.default_compute))
@@ -208,8 +257,9 @@ class App(Celery):
         catalog entry's: its own app's default memory), else this app's default memory."""
         if not compute.auto_memory:
             return compute
-        return memory_profile.with_learned_memory(compute, self.memory_profiles.get(task_name), self.settings,
-                                                  fallback or self.fallback_memory)
+        return memory_profile.with_learned_memory(
+            compute, self.memory_profiles.get(task_name), self.settings, fallback or self.fallback_memory
+        )
 
     def unlearned(self, compute: Compute) -> Compute:
         """``compute`` with "auto" memory replaced by the default memory (no observations used)."""
@@ -253,6 +303,7 @@ def _check_redis_url(url: str) -> None:
     if urlparse(url).scheme not in REDIS_SCHEMES:
         raise ConfigurationError(
             f"broker {url!r} is not a Redis URL; sluice keeps its state in Redis, use redis://, rediss://, unix:// "
-            "or sentinel://host:26379;sentinel://host2:26379 (with sentinel_master set)")
+            "or sentinel://host:26379;sentinel://host2:26379 (with sentinel_master set)"
+        )
     if redis_client.is_sentinel(url):
         redis_client.sentinel_nodes(url)

@@ -42,8 +42,9 @@ class Compute:
     gpu: int | None
     auto_memory: bool
 
-    def __init__(self, cpu: str | int | float | None = None, memory: str | int | None = None,
-                 gpu: str | int | None = None) -> None:
+    def __init__(
+        self, cpu: str | int | float | None = None, memory: str | int | None = None, gpu: str | int | None = None
+    ) -> None:
         auto = isinstance(memory, str) and memory.strip() == AUTO
         object.__setattr__(self, "millicores", None if cpu is None else parse_cpu(cpu))
         try:
@@ -54,8 +55,7 @@ class Compute:
         object.__setattr__(self, "auto_memory", auto)
 
     @classmethod
-    def of(cls, millicores: int | None = None, memory_bytes: int | None = None,
-           gpu: int | None = None) -> Compute:
+    def of(cls, millicores: int | None = None, memory_bytes: int | None = None, gpu: int | None = None) -> Compute:
         """Build from canonical ints (millicores, bytes, count)."""
         return cls(cpu=None if millicores is None else f"{millicores}m", memory=memory_bytes, gpu=gpu)
 
@@ -78,8 +78,9 @@ class Compute:
         return None if self.memory_bytes is None else format_memory(self.memory_bytes)
 
     @classmethod
-    def _validated(cls, millicores: int | None, memory_bytes: int | None, gpu: int | None,
-                   auto_memory: bool) -> Compute:
+    def _validated(
+        cls, millicores: int | None, memory_bytes: int | None, gpu: int | None, auto_memory: bool
+    ) -> Compute:
         """From axes taken from Computes (so already valid), without parsing them again: every
         message a worker runs derives its compute with :meth:`inherit`."""
         compute = object.__new__(cls)
@@ -90,15 +91,16 @@ class Compute:
     def inherit(self, default: Compute) -> Compute:
         """Fill each unset axis from ``default``; set axes (``memory="auto"`` too) win."""
         own_memory = self.memory_bytes is not None or self.auto_memory
-        return Compute._validated(self.millicores if self.millicores is not None else default.millicores,
-                                  self.memory_bytes if own_memory else default.memory_bytes,
-                                  self.gpu if self.gpu is not None else default.gpu,
-                                  self.auto_memory if own_memory else default.auto_memory)
+        return Compute._validated(
+            self.millicores if self.millicores is not None else default.millicores,
+            self.memory_bytes if own_memory else default.memory_bytes,
+            self.gpu if self.gpu is not None else default.gpu,
+            self.auto_memory if own_memory else default.auto_memory,
+        )
 
     def replace(self, *, memory_bytes: int | None = None) -> Compute:
         """A copy with the given axes changed (escalation grows memory this way)."""
-        return Compute.of(self.millicores, memory_bytes if memory_bytes is not None else self.memory_bytes,
-                          self.gpu)
+        return Compute.of(self.millicores, memory_bytes if memory_bytes is not None else self.memory_bytes, self.gpu)
 
     @property
     def gpus(self) -> int:

@@ -56,8 +56,13 @@ def main(argv: list[str] | None = None) -> None:
     they ran; a task whose class no worker serves (docker compose without ``--profile gpu``) is
     skipped with a line saying so, not waited on."""
     parser = argparse.ArgumentParser(prog="python -m sluice.demo", description=main.__doc__)
-    parser.add_argument("--wait-for-workers", type=float, default=60.0, metavar="SECONDS",
-                        help="how long to wait for a worker of every class before skipping the classes without one")
+    parser.add_argument(
+        "--wait-for-workers",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for a worker of every class before skipping the classes without one",
+    )
     args = parser.parse_args(argv)
     served = serving_classes(args.wait_for_workers)
     for task, task_args in SUBMISSIONS:

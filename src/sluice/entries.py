@@ -80,5 +80,12 @@ def _skip(what: str, entry: object, exc: BaseException) -> None:
         if due:
             _logged[what] = now
     if due:
-        log.warning("skipped an unreadable %s (%s: %s): %.120r; %d skipped by this process so far, "
-                    "logged at most every %.0fs", what, type(exc).__name__, exc, entry, skipped[what], LOG_EVERY)
+        log.warning(
+            "skipped an unreadable %s (%s: %s): %.120r; %d skipped by this process so far, logged at most every %.0fs",
+            what,
+            type(exc).__name__,
+            exc,
+            entry,
+            skipped[what],
+            LOG_EVERY,
+        )

@@ -26,13 +26,20 @@ class EventDispatcher(CeleryEventDispatcher):
     """Celery's dispatcher; :meth:`publish` skips kombu's Producer where the channel can take it,
     and :meth:`send_buffered` buffers many events of one kind at once."""
 
-    def publish(self, type: str, fields: dict[str, Any], producer: Any, blind: bool = False,
-                Event: Any = Event, **kwargs: Any) -> Any:  # noqa: N803 - Celery's signature
+    def publish(
+        self, type: str, fields: dict[str, Any], producer: Any, blind: bool = False, Event: Any = Event, **kwargs: Any
+    ) -> Any:  # noqa: N803 - Celery's signature
         channel = getattr(producer, "channel", None)
         direct = getattr(channel, "publish_event", None)
         if direct is not None and channel.takes_events(self.exchange.name):
-            event = Event(type, hostname=self.hostname, utcoffset=utcoffset(), pid=self.pid,
-                          clock=None if blind else self.clock.forward(), **fields)
+            event = Event(
+                type,
+                hostname=self.hostname,
+                utcoffset=utcoffset(),
+                pid=self.pid,
+                clock=None if blind else self.clock.forward(),
+                **fields,
+            )
             try:
                 with self.mutex:
                     return direct(self.exchange.name, type.replace("-", "."), event, self.headers, self.delivery_mode)
@@ -51,7 +58,9 @@ class EventDispatcher(CeleryEventDispatcher):
             return
         shared = Event(type, hostname=self.hostname, utcoffset=utcoffset(), pid=self.pid, **common)
         forward, now = self.clock.forward, time.time
-        self._group_buffer[group].extend({**shared, **fields, "clock": forward(), "timestamp": now()} for fields in each)
+        self._group_buffer[group].extend(
+            {**shared, **fields, "clock": forward(), "timestamp": now()} for fields in each
+        )
 
 
 class Events(CeleryEvents):

@@ -48,21 +48,27 @@ class Headers:
         """From message headers or a ``request_dict`` (a mapping), or from a request (attributes)."""
         fields = source if isinstance(source, Mapping) else vars(source)
         compute, policy, start = fields.get(COMPUTE), fields.get(POLICY), fields.get(REMOTE_START)
-        return cls(attempt=attempt_of(fields),
-                   compute=Compute.from_dict(compute) if compute else None,
-                   policy=RetryPolicy.from_dict(policy) if policy else None,
-                   sticky=fields.get(STICKY) or None,
-                   remote_start=int(start) if start else None,
-                   remote_reason=fields.get(REMOTE_REASON) or None,
-                   forwarded=tuple(str(q) for q in fields.get(FORWARDED) or ()))
+        return cls(
+            attempt=attempt_of(fields),
+            compute=Compute.from_dict(compute) if compute else None,
+            policy=RetryPolicy.from_dict(policy) if policy else None,
+            sticky=fields.get(STICKY) or None,
+            remote_start=int(start) if start else None,
+            remote_reason=fields.get(REMOTE_REASON) or None,
+            forwarded=tuple(str(q) for q in fields.get(FORWARDED) or ()),
+        )
 
     def encode(self) -> dict[str, Any]:
         """The headers to publish (only the ones set; attempt 1 is implied)."""
-        values = {ATTEMPT: self.attempt if self.attempt != 1 else None,
-                  COMPUTE: self.compute.to_dict() if self.compute is not None else None,
-                  POLICY: self.policy.to_dict() if self.policy is not None else None,
-                  STICKY: self.sticky, REMOTE_START: self.remote_start, REMOTE_REASON: self.remote_reason,
-                  FORWARDED: list(self.forwarded) or None}
+        values = {
+            ATTEMPT: self.attempt if self.attempt != 1 else None,
+            COMPUTE: self.compute.to_dict() if self.compute is not None else None,
+            POLICY: self.policy.to_dict() if self.policy is not None else None,
+            STICKY: self.sticky,
+            REMOTE_START: self.remote_start,
+            REMOTE_REASON: self.remote_reason,
+            FORWARDED: list(self.forwarded) or None,
+        }
         return {name: value for name, value in values.items() if value is not None}
 
 

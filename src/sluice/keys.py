@@ -62,12 +62,12 @@ def stat(name: str, resource_class: str) -> str:
 class RunPart(StrEnum):
     """The keys of a batch run, ``run(run_id, part)``: every one a run may write."""
 
-    SKIP = "skip"              #: set: ids dispatched
-    RESULTS = "results"        #: hash: id -> record, the result cache
-    READY = "ready"            #: list: records new to the driver
-    SOURCE = "source"          #: hash: the task file, signed
-    CANCEL = "cancel"          #: string: set on Ctrl-C
-    FINISHED = "finished"      #: string: torchrun rank 0's exit code
+    SKIP = "skip"  #: set: ids dispatched
+    RESULTS = "results"  #: hash: id -> record, the result cache
+    READY = "ready"  #: list: records new to the driver
+    SOURCE = "source"  #: hash: the task file, signed
+    CANCEL = "cancel"  #: string: set on Ctrl-C
+    FINISHED = "finished"  #: string: torchrun rank 0's exit code
     RANKS_LEFT = "ranks_left"  #: integer: torchrun ranks that have left
 
 
@@ -84,8 +84,8 @@ def remote_output(call_id: str) -> str:
 class SessionPart(StrEnum):
     """The keys of a remote session, ``session(session_id, part)``."""
 
-    LEASE = "lease"      #: string with a TTL the client refreshes
-    CALLS = "calls"      #: list: signed requests
+    LEASE = "lease"  #: string with a TTL the client refreshes
+    CALLS = "calls"  #: list: signed requests
     REPLIES = "replies"  #: list: signed replies, in call order
 
 

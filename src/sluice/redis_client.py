@@ -33,17 +33,19 @@ BACKOFF_BASE, BACKOFF_CAP = 0.1, 5.0
 #: Retries of one command: 0.2 + 0.4 + ... then 5 s each, about two minutes in all.
 OUTAGE_RETRIES = 28
 #: How long one command waits for an unreachable Redis before it raises (seconds, ~117).
-OUTAGE_WAIT = sum(min(BACKOFF_CAP, BACKOFF_BASE * 2 ** i) for i in range(1, OUTAGE_RETRIES + 1))
+OUTAGE_WAIT = sum(min(BACKOFF_CAP, BACKOFF_BASE * 2**i) for i in range(1, OUTAGE_RETRIES + 1))
 
 
 def outage_retry() -> Retry:
     """redis-py's retry policy for sluice's clients (a new object per client: it holds state)."""
-    return Retry(ExponentialBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE), OUTAGE_RETRIES,
-                 supported_errors=(ConnectionError, TimeoutError))
+    return Retry(
+        ExponentialBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE),
+        OUTAGE_RETRIES,
+        supported_errors=(ConnectionError, TimeoutError),
+    )
 
 
-def connect(url: str, *, wait_out_outages: bool = True, settings: Settings | None = None,
-            **kwargs: Any) -> redis.Redis:
+def connect(url: str, *, wait_out_outages: bool = True, settings: Settings | None = None, **kwargs: Any) -> redis.Redis:
     """A client on ``url`` that waits out a Redis outage (see the module docstring); with
     ``wait_out_outages=False`` one that fails at once (a command line reading figures). A
     ``sentinel://`` URL gives a client on the master the Sentinels name, found again after a
@@ -68,13 +70,17 @@ def sentinel_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     for part in url.split(";"):
         parsed = urlsplit(part.strip())
         if parsed.scheme != SENTINEL_SCHEME or not parsed.hostname:
-            raise ConfigurationError(f"broker {url!r}: {part!r} is not sentinel://host:port; a Sentinel broker is "
-                                     "sentinel://[:password@]host:port[/db], ';' between Sentinels")
+            raise ConfigurationError(
+                f"broker {url!r}: {part!r} is not sentinel://host:port; a Sentinel broker is "
+                "sentinel://[:password@]host:port[/db], ';' between Sentinels"
+            )
         nodes.append((parsed.hostname, parsed.port or SENTINEL_PORT))
         if not options:
-            options = {"password": unquote(parsed.password) if parsed.password else None,
-                       "username": unquote(parsed.username) if parsed.username else None,
-                       "db": int(parsed.path.strip("/") or 0)}
+            options = {
+                "password": unquote(parsed.password) if parsed.password else None,
+                "username": unquote(parsed.username) if parsed.username else None,
+                "db": int(parsed.path.strip("/") or 0),
+            }
     return nodes, options
 
 
@@ -86,8 +92,13 @@ def sentinel_master(url: str, settings: Settings | None = None, **kwargs: Any) -
     name = require_master_name(url, settings)
     nodes, options = sentinel_nodes(url)
     sentinels = Sentinel(nodes, sentinel_kwargs=sentinel_kwargs(settings))
-    return sentinels.master_for(name, redis_class=redis.Redis, connection_class=MasterConnection,
-                                **{k: v for k, v in options.items() if v is not None}, **kwargs)
+    return sentinels.master_for(
+        name,
+        redis_class=redis.Redis,
+        connection_class=MasterConnection,
+        **{k: v for k, v in options.items() if v is not None},
+        **kwargs,
+    )
 
 
 class MasterConnection(SentinelManagedConnection):
@@ -103,8 +114,10 @@ class MasterConnection(SentinelManagedConnection):
 
 def require_master_name(url: str, settings: Settings) -> str:
     if not settings.sentinel_master:
-        raise ConfigurationError(f"broker {url!r} is a Sentinel URL but no master name is set: set sentinel_master "
-                                 "(SLUICE_SENTINEL_MASTER) to the name the Sentinels monitor, e.g. mymaster")
+        raise ConfigurationError(
+            f"broker {url!r} is a Sentinel URL but no master name is set: set sentinel_master "
+            "(SLUICE_SENTINEL_MASTER) to the name the Sentinels monitor, e.g. mymaster"
+        )
     return settings.sentinel_master
 
 
@@ -115,8 +128,12 @@ def sentinel_kwargs(settings: Settings) -> dict[str, Any]:
 
 def publish_retry_policy() -> dict[str, float]:
     """Celery's ``task_publish_retry_policy``: a publish waits out an outage for about as long."""
-    return {"max_retries": OUTAGE_RETRIES, "interval_start": BACKOFF_BASE, "interval_step": 0.5,
-            "interval_max": BACKOFF_CAP}
+    return {
+        "max_retries": OUTAGE_RETRIES,
+        "interval_start": BACKOFF_BASE,
+        "interval_step": 0.5,
+        "interval_max": BACKOFF_CAP,
+    }
 
 
 def retry_settings() -> dict[str, Any]:
@@ -124,8 +141,10 @@ def retry_settings() -> dict[str, Any]:
     (storing a result or a state: a task whose body finished is not failed because Redis
     blinked). Celery's backend sleeps a random fraction of each backoff step (full jitter),
     hence twice the retries."""
-    return {"task_publish_retry_policy": publish_retry_policy(),
-            "result_backend_always_retry": True,
-            "result_backend_max_retries": 2 * OUTAGE_RETRIES,
-            "result_backend_base_sleep_between_retries_ms": int(BACKOFF_BASE * 1000),
-            "result_backend_max_sleep_between_retries_ms": int(BACKOFF_CAP * 1000)}
+    return {
+        "task_publish_retry_policy": publish_retry_policy(),
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": 2 * OUTAGE_RETRIES,
+        "result_backend_base_sleep_between_retries_ms": int(BACKOFF_BASE * 1000),
+        "result_backend_max_sleep_between_retries_ms": int(BACKOFF_CAP * 1000),
+    }

@@ -20,8 +20,10 @@ from typing import Any
 from sluice.errors import ConfigurationError, InvalidRequestError
 
 SIGNATURE = "sig"
-NO_SECRET = ("no signing secret (it signs remote calls, asset steps and values, and batch runs' task files): set "
-             "SLUICE_REMOTE_SECRET (the same value on clients and workers), or run the export lines `sluice up` prints")
+NO_SECRET = (
+    "no signing secret (it signs remote calls, asset steps and values, and batch runs' task files): set "
+    "SLUICE_REMOTE_SECRET (the same value on clients and workers), or run the export lines `sluice up` prints"
+)
 #: Signed bytes start with this, then the 32-byte HMAC of what follows.
 SIGNED_BYTES = b"sluice-signed:1:"
 
@@ -47,7 +49,8 @@ def unseal(secret: str | None, message: object, what: str = "remote call") -> di
     if not hmac.compare_digest(message[SIGNATURE], _digest(secret, message)):
         raise InvalidRequestError(
             f"refusing {what}: its signature does not match (tampered, or signed with another secret; "
-            "nothing was unpickled or run)")
+            "nothing was unpickled or run)"
+        )
     return {k: v for k, v in message.items() if k != SIGNATURE}
 
 
@@ -71,10 +74,12 @@ def verify(secret: str | None, blob: bytes, what: str) -> bytes:
     was unpickled)."""
     if not secret:
         raise InvalidRequestError(f"refusing {what}: this process has {NO_SECRET[0].lower()}{NO_SECRET[1:]}")
-    digest, data = blob[len(SIGNED_BYTES):len(SIGNED_BYTES) + 32], blob[len(SIGNED_BYTES) + 32:]
+    digest, data = blob[len(SIGNED_BYTES) : len(SIGNED_BYTES) + 32], blob[len(SIGNED_BYTES) + 32 :]
     if not blob.startswith(SIGNED_BYTES) or len(digest) != 32:
         raise InvalidRequestError(f"refusing {what}: it is not signed (nothing was unpickled or run)")
     if not hmac.compare_digest(digest, hmac.new(secret.encode(), data, hashlib.sha256).digest()):
-        raise InvalidRequestError(f"refusing {what}: its signature does not match (tampered, or signed with "
-                                  "another secret; nothing was unpickled or run)")
+        raise InvalidRequestError(
+            f"refusing {what}: its signature does not match (tampered, or signed with "
+            "another secret; nothing was unpickled or run)"
+        )
     return data

@@ -23,8 +23,10 @@ _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 1
 #: every result a worker stores, so the order is worked out once).
 _LARGEST_FIRST = [kv for table in (_BINARY, _DECIMAL) for kv in sorted(table.items(), key=lambda kv: -kv[1])]
 # ASCII digits only (\d would take "١" and "１"); an exponent of at most two digits.
-_QUANTITY = re.compile(r"^(?P<num>[+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|"
-                       r"[eE][+-]?[0-9]{1,2})?$")
+_QUANTITY = re.compile(
+    r"^(?P<num>[+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|"
+    r"[eE][+-]?[0-9]{1,2})?$"
+)
 #: Longer text is refused before it is parsed: no real quantity needs more.
 MAX_TEXT = 64
 #: The largest quantity in base units (bytes, cores) and the largest byte size: 2**63 - 1.
@@ -102,7 +104,6 @@ def format_memory(size: int) -> str:
         if size % factor == 0:
             return f"{size // factor}{suffix}"
     return str(size)
-
 
 
 _SIZE = re.compile(r"^(?P<num>[0-9]{1,20})\s*(?P<suffix>[KMGT]i?B?)?$")

@@ -20,6 +20,8 @@ class AssetContext:
 
     @classmethod
     def create(cls, run_id: str, asset_name: str, attempt: int, compute: Compute) -> AssetContext:
-        adapter = logging.LoggerAdapter(logging.getLogger(f"sluice.assets.{asset_name}"),
-                                        {"run_id": run_id, "asset": asset_name, "attempt": attempt})
+        adapter = logging.LoggerAdapter(
+            logging.getLogger(f"sluice.assets.{asset_name}"),
+            {"run_id": run_id, "asset": asset_name, "attempt": attempt},
+        )
         return cls(run_id, asset_name, attempt, compute, adapter)

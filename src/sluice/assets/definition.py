@@ -32,12 +32,14 @@ class AssetDef:
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
-            raise DefinitionError(f"AssetDef name {self.name!r} must be a Python identifier (it is a parameter name "
-                                  "downstream)")
+            raise DefinitionError(
+                f"AssetDef name {self.name!r} must be a Python identifier (it is a parameter name downstream)"
+            )
         if self.compute is not None:
             raise DefinitionError(
                 f"AssetDef({self.name!r}, compute=...) is not supported: a multi-asset is one step (one pod), so "
-                "declare compute on Asset.from_multi(compute=...) itself")
+                "declare compute on Asset.from_multi(compute=...) itself"
+            )
 
 
 @dataclass(eq=False)
@@ -57,8 +59,10 @@ class Step:
         params = list(inspect.signature(self.fn).parameters.values())
         bad = [p.name for p in params if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         if bad:
-            raise DefinitionError(f"asset {self.name}: parameters {bad} must be plain named parameters (one per "
-                                  "upstream asset, plus an optional ctx)")
+            raise DefinitionError(
+                f"asset {self.name}: parameters {bad} must be plain named parameters (one per "
+                "upstream asset, plus an optional ctx)"
+            )
         self.takes_ctx = any(p.name == CONTEXT_PARAMETER for p in params)
         self.deps = tuple(p.name for p in params if p.name != CONTEXT_PARAMETER)
 
@@ -85,16 +89,22 @@ class Step:
         if isinstance(value, tuple) and len(value) == len(self.outputs):
             return dict(zip(self.outputs, value))
         shape = sorted(value) if isinstance(value, dict) else f"{type(value).__name__} of {_len(value)}"
-        raise DefinitionError(f"multi-asset {self.name} returned {shape}; it must return a dict with keys "
-                              f"{list(self.outputs)} or a tuple of {len(self.outputs)} values in that order")
+        raise DefinitionError(
+            f"multi-asset {self.name} returned {shape}; it must return a dict with keys "
+            f"{list(self.outputs)} or a tuple of {len(self.outputs)} values in that order"
+        )
 
     def warn_no_envelope(self, executor: str) -> None:
         """In-process executors cannot size a step: say so once per asset."""
         if (self.compute is not None or self.retry is not None) and not self._warned:
             self._warned = True
-            log.warning("asset %s declares %s; the %s executor has no per-step compute envelope, so it is "
-                        "ignored (it applies on Executor.kubernetes)", self.name,
-                        self.compute.describe() if self.compute else "a retry policy", executor)
+            log.warning(
+                "asset %s declares %s; the %s executor has no per-step compute envelope, so it is "
+                "ignored (it applies on Executor.kubernetes)",
+                self.name,
+                self.compute.describe() if self.compute else "a retry policy",
+                executor,
+            )
 
 
 def _len(value: Any) -> str:
@@ -123,8 +133,9 @@ class Asset:
         return Step(fn, (fn.__name__,), self.compute, self.retry)
 
     @staticmethod
-    def from_multi(output_defs: Sequence[AssetDef], compute: Compute | None = None,
-                   retry: RetryPolicy | None = None) -> Callable[[Callable[..., Any]], Step]:
+    def from_multi(
+        output_defs: Sequence[AssetDef], compute: Compute | None = None, retry: RetryPolicy | None = None
+    ) -> Callable[[Callable[..., Any]], Step]:
         """One step producing several assets, named by ``output_defs``; compute is the step's."""
         _check(compute, retry)
         if not output_defs or not all(isinstance(d, AssetDef) for d in output_defs):

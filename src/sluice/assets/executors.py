@@ -52,8 +52,14 @@ class Executor(ABC):
         return ParallelExecutor(workers)
 
     @staticmethod
-    def kubernetes(worker_cpu: str = "1", worker_memory: str = "512Mi", app: App | None = None,
-                   store_path: str | Path | None = None, concurrency: int = 32, timeout: float = 24 * 3600) -> Executor:
+    def kubernetes(
+        worker_cpu: str = "1",
+        worker_memory: str = "512Mi",
+        app: App | None = None,
+        store_path: str | Path | None = None,
+        concurrency: int = 32,
+        timeout: float = 24 * 3600,
+    ) -> Executor:
         return KubernetesExecutor(worker_cpu, worker_memory, app, store_path, concurrency, timeout)
 
     def prepare(self, steps: Sequence[Step]) -> None:
@@ -123,8 +129,15 @@ class KubernetesExecutor(Executor):
 
     name = "kubernetes"
 
-    def __init__(self, worker_cpu: str, worker_memory: str, app: App | None, store_path: str | Path | None,
-                 concurrency: int, timeout: float) -> None:
+    def __init__(
+        self,
+        worker_cpu: str,
+        worker_memory: str,
+        app: App | None,
+        store_path: str | Path | None,
+        concurrency: int,
+        timeout: float,
+    ) -> None:
         self.defaults = Compute(cpu=worker_cpu, memory=worker_memory)
         self.app = app or App.default()
         self.store_path = Path(store_path) if store_path else self.app.settings.home / "assets"
@@ -139,8 +152,10 @@ class KubernetesExecutor(Executor):
     def prepare(self, steps: Sequence[Step]) -> None:
         for step in steps:
             if step.fn.__module__ == "__main__":
-                raise DefinitionError(f"asset {step.name} is defined in __main__; workers import assets by module, "
-                                      "so define it in an importable module to run it on Executor.kubernetes")
+                raise DefinitionError(
+                    f"asset {step.name} is defined in __main__; workers import assets by module, "
+                    "so define it in an importable module to run it on Executor.kubernetes"
+                )
             self.app.catalog.route(self.compute_of(step), f"asset {step.name}")
             if step.retry is not None:
                 step.retry.check(self.compute_of(step), self.app.catalog, f"asset {step.name}")
@@ -149,7 +164,8 @@ class KubernetesExecutor(Executor):
         headers = Headers(compute=self.compute_of(step), policy=step.retry).encode()
         args = (step.ref, run_id, {p: list(ref) for p, ref in inputs.items()}, str(self.store_path))
         result = self.app.tasks[RUN_STEP_TASK].apply_async(
-            args=args, kwargs={"sig": step_signature(self.store.secret, *args)}, headers=headers)
+            args=args, kwargs={"sig": step_signature(self.store.secret, *args)}, headers=headers
+        )
         try:
             out = result.get(timeout=self.timeout, propagate=False)
         except Exception as exc:  # timed out, or the backend is gone

@@ -36,14 +36,17 @@ class CodeRepository:
         for step in self.steps:
             for name in step.outputs:
                 if name in self.producer:
-                    raise DefinitionError(f"duplicate asset name {name!r}: produced by {self.producer[name].name} "
-                                          f"and {step.name}")
+                    raise DefinitionError(
+                        f"duplicate asset name {name!r}: produced by {self.producer[name].name} and {step.name}"
+                    )
                 self.producer[name] = step
         for step in self.steps:
             unknown = [d for d in step.deps if d not in self.producer]
             if unknown:
-                raise DefinitionError(f"asset {step.name} depends on {', '.join(map(repr, unknown))}, which no asset "
-                                      f"in this repository produces; known assets: {', '.join(sorted(self.producer))}")
+                raise DefinitionError(
+                    f"asset {step.name} depends on {', '.join(map(repr, unknown))}, which no asset "
+                    f"in this repository produces; known assets: {', '.join(sorted(self.producer))}"
+                )
         self._order = self._topological(self.steps)
 
     def _topological(self, steps: Iterable[Step]) -> list[Step]:
@@ -62,7 +65,9 @@ class CodeRepository:
             return list(self._order)
         unknown = [n for n in selection if n not in self.producer]
         if unknown:
-            raise DefinitionError(f"selection names unknown assets {unknown}; known: {', '.join(sorted(self.producer))}")
+            raise DefinitionError(
+                f"selection names unknown assets {unknown}; known: {', '.join(sorted(self.producer))}"
+            )
         needed: set[Step] = set()
         todo = [self.producer[n] for n in selection]
         while todo:
@@ -72,8 +77,12 @@ class CodeRepository:
                 todo.extend(self.producer[d] for d in step.deps)
         return [s for s in self._order if s in needed]
 
-    def materialize(self, selection: Iterable[str] | None = None, executor: Executor | None = None,
-                    reuse: MaterializeResult | None = None) -> MaterializeResult:
+    def materialize(
+        self,
+        selection: Iterable[str] | None = None,
+        executor: Executor | None = None,
+        reuse: MaterializeResult | None = None,
+    ) -> MaterializeResult:
         """Run the selected assets and their upstreams: dependency order, independent steps in
         parallel (as far as the executor allows). A failed step's downstream steps are skipped;
         the rest of the graph finishes. ``reuse`` takes succeeded assets from an earlier run."""
@@ -110,9 +119,10 @@ class CodeRepository:
         return MaterializeResult(run_id, results, self, executor)
 
     @staticmethod
-    def _record(results: dict[str, AssetResult], step: Step, outcome: StepOutcome, run_id: str,
-                executor: Executor) -> None:
+    def _record(
+        results: dict[str, AssetResult], step: Step, outcome: StepOutcome, run_id: str, executor: Executor
+    ) -> None:
         for name in step.outputs:
-            results[name] = AssetResult(name, outcome.status, run_id, outcome.where, outcome.attempts, outcome.error,
-                                        executor)
-
+            results[name] = AssetResult(
+                name, outcome.status, run_id, outcome.where, outcome.attempts, outcome.error, executor
+            )

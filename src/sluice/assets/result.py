@@ -39,8 +39,9 @@ class AssetResult:
     @property
     def value(self) -> Any:
         if self.status != SUCCEEDED or self.executor is None:
-            raise ValueMissing(f"asset {self.name} has no value: it {self.status}"
-                              + (f" ({self.error})" if self.error else ""))
+            raise ValueMissing(
+                f"asset {self.name} has no value: it {self.status}" + (f" ({self.error})" if self.error else "")
+            )
         return self.executor.store.get(self.run_id, self.name)
 
 

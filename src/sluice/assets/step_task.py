@@ -51,8 +51,9 @@ def step_signature(secret: str | None, ref: str, run_id: str, inputs: dict[str, 
     return str(seal(secret, _step_fields(ref, run_id, inputs, store_path))[SIGNATURE])
 
 
-def run_step(task: Any, ref: str, run_id: str, inputs: dict[str, list[str]], store_path: str,
-             sig: str | None = None) -> dict[str, Any]:
+def run_step(
+    task: Any, ref: str, run_id: str, inputs: dict[str, list[str]], store_path: str, sig: str | None = None
+) -> dict[str, Any]:
     """Bound Celery task body (registered by every sluice App under ``RUN_STEP_TASK``); refuses,
     before importing anything, arguments whose ``sig`` does not hold."""
     secret = task.app.settings.signing_secret()

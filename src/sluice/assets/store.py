@@ -69,5 +69,5 @@ class RedisStore:
         if data is None:
             raise ValueMissing(f"no stored value for asset {asset!r} of run {run_id} (expired, or never materialized)")
         if data.startswith(_POINTER):
-            data = Path(data[len(_POINTER):].decode()).read_bytes()
+            data = Path(data[len(_POINTER) :].decode()).read_bytes()
         return cloudpickle.loads(verify(self.secret, data, f"the value of asset {asset!r} of run {run_id}"))

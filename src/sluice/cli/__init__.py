@@ -40,8 +40,21 @@ def main() -> None:
     """
 
 
-for command in (worker, up, status, explain, check, demo, compute, runs_group, deploy, autoscale, metrics,
-                dead_letters_group, profile_group):
+for command in (
+    worker,
+    up,
+    status,
+    explain,
+    check,
+    demo,
+    compute,
+    runs_group,
+    deploy,
+    autoscale,
+    metrics,
+    dead_letters_group,
+    profile_group,
+):
     main.add_command(command)
 
 

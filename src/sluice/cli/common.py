@@ -23,8 +23,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def app_option(help: str, *, default: str | None = None, required: bool = False) -> Callable[[F], F]:
     """The ``-A/--app`` option: the module (or ``module:attr``) holding the sluice App, handed to
     the command as ``app_name``; ``help`` says what the command uses it for."""
-    return click.option("-A", "--app", "app_name", default=default, required=required,
-                        show_default=default is not None, help=help)
+    return click.option(
+        "-A", "--app", "app_name", default=default, required=required, show_default=default is not None, help=help
+    )
 
 
 def load_app(name: str) -> App:

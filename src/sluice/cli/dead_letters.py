@@ -13,8 +13,13 @@ from sluice.queues import dead_letters
 from sluice.queues.broker.layout import RedisLayout
 
 _app_option = app_option("App whose broker (and transport options) to use (default: the configured one).")
-_number_option = click.option("-n", "--number", type=click.IntRange(min=0), default=None,
-                              help="Only the dead letter with this number (from `list`); default: all of them.")
+_number_option = click.option(
+    "-n",
+    "--number",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Only the dead letter with this number (from `list`); default: all of them.",
+)
 
 
 def _broker(app_name: str | None) -> tuple[redis.Redis, RedisLayout]:
@@ -63,10 +68,17 @@ def list_(queue: str | None, limit: int, app_name: str | None) -> None:
 
 @dead_letters_group.command()
 @click.argument("queue")
-@click.option("-n", "--number", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Which dead letter (from `list`).")
-@click.option("--bytes", "max_bytes", type=click.IntRange(min=0), default=4000, show_default=True,
-              help="Show at most this much of the raw message.")
+@click.option(
+    "-n", "--number", type=click.IntRange(min=0), default=0, show_default=True, help="Which dead letter (from `list`)."
+)
+@click.option(
+    "--bytes",
+    "max_bytes",
+    type=click.IntRange(min=0),
+    default=4000,
+    show_default=True,
+    help="Show at most this much of the raw message.",
+)
 @_app_option
 def show(queue: str, number: int, max_bytes: int, app_name: str | None) -> None:
     """One dead letter: why, when, and the raw message as it was on the queue."""
@@ -75,8 +87,10 @@ def show(queue: str, number: int, max_bytes: int, app_name: str | None) -> None:
     if not letters:
         raise click.ClickException(f"queue {queue!r} has no dead letter number {number} that can be read")
     _, letter = letters[0]
-    click.echo(f"queue:   {letter.queue}\nat:      {_when(letter.at)}\nreason:  {letter.reason}\n"
-               f"task id: {letter.task_id or '-'}\nbytes:   {len(letter.raw)}")
+    click.echo(
+        f"queue:   {letter.queue}\nat:      {_when(letter.at)}\nreason:  {letter.reason}\n"
+        f"task id: {letter.task_id or '-'}\nbytes:   {len(letter.raw)}"
+    )
     click.echo(letter.raw[:max_bytes].decode(errors="backslashreplace"))
 
 

@@ -22,23 +22,34 @@ def _rendered(options: RenderOptions) -> dict[str, list[Manifest]]:
 
 
 _render_options = [
-    app_option("Module holding the sluice App: its catalog sizes the workers, and the pods run it.",
-               default="sluice.demo"),
+    app_option(
+        "Module holding the sluice App: its catalog sizes the workers, and the pods run it.", default="sluice.demo"
+    ),
     click.option("--namespace", default="sluice", show_default=True),
     click.option("--image", default=RenderOptions.image, show_default=True, help="Image with your app installed."),
-    click.option("--grace", default=RenderOptions.grace_seconds, show_default=True,
-                 help="Seconds a worker pod gets to finish running tasks on shutdown (warm shutdown)."),
-    click.option("--sentinel", is_flag=True,
-                 help="Redis as three nodes with Sentinel (a failover in seconds when a node dies) instead of one."),
+    click.option(
+        "--grace",
+        default=RenderOptions.grace_seconds,
+        show_default=True,
+        help="Seconds a worker pod gets to finish running tasks on shutdown (warm shutdown).",
+    ),
+    click.option(
+        "--sentinel",
+        is_flag=True,
+        help="Redis as three nodes with Sentinel (a failover in seconds when a node dies) instead of one.",
+    ),
 ]
 
 
 def render_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options every renderer takes, handed to ``command`` as one ``options: RenderOptions``."""
+
     @functools.wraps(command)
     def with_options(app_name: str, namespace: str, image: str, grace: int, sentinel: bool, **rest: Any) -> Any:
-        return command(RenderOptions(app=app_name, namespace=namespace, image=image, grace_seconds=grace,
-                                     redis_sentinel=sentinel), **rest)
+        return command(
+            RenderOptions(app=app_name, namespace=namespace, image=image, grace_seconds=grace, redis_sentinel=sentinel),
+            **rest,
+        )
 
     for option in reversed(_render_options):
         with_options = option(with_options)
@@ -52,8 +63,12 @@ def deploy() -> None:
 
 @deploy.command("render")
 @render_options
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write sluice.yaml, keda.yaml and autoscaler.yaml here (default: all to stdout).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write sluice.yaml, keda.yaml and autoscaler.yaml here (default: all to stdout).",
+)
 def render_command(options: RenderOptions, out: Path | None) -> None:
     """Render the Namespace, Redis, Flower, a worker Deployment per class, KEDA ScaledObjects, and
     the built-in autoscaler (use either keda.yaml or autoscaler.yaml)."""
@@ -69,8 +84,12 @@ def render_command(options: RenderOptions, out: Path | None) -> None:
 
 @deploy.command("compose")
 @render_options
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the file here (default: stdout).")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the file here (default: stdout).",
+)
 def compose_command(options: RenderOptions, out: Path | None) -> None:
     """Render docker-compose.yml: the same topology for development (gpu workers in the gpu profile)."""
     if options.redis_sentinel:
@@ -85,8 +104,12 @@ def compose_command(options: RenderOptions, out: Path | None) -> None:
 
 @deploy.command("apply")
 @render_options
-@click.option("--keda/--builtin-autoscaler", default=True, show_default=True,
-              help="Scale with KEDA ScaledObjects, or with sluice's own autoscaler Deployment.")
+@click.option(
+    "--keda/--builtin-autoscaler",
+    default=True,
+    show_default=True,
+    help="Scale with KEDA ScaledObjects, or with sluice's own autoscaler Deployment.",
+)
 @click.option("--dry-run", is_flag=True, help="Have the API server validate everything without persisting it.")
 def apply_command(options: RenderOptions, keda: bool, dry_run: bool) -> None:
     """Create or update every object (server-side apply: running it twice changes nothing)."""

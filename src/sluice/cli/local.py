@@ -17,8 +17,11 @@ from sluice.workers.gpu import gpu_count
 
 
 @click.command()
-@app_option("Module holding the sluice App the workers serve: give your own (-A myapp.tasks), or the "
-            "workers discard its tasks as unregistered.", default="sluice.demo")
+@app_option(
+    "Module holding the sluice App the workers serve: give your own (-A myapp.tasks), or the "
+    "workers discard its tasks as unregistered.",
+    default="sluice.demo",
+)
 @click.option("--allow-no-gpu", is_flag=True, help="Start the gpu class workers even without a GPU.")
 @click.option("--no-flower", is_flag=True, help="Do not start Flower.")
 @click.option("--flower-port", type=int, default=None, help="Flower's port (default: a free one).")
@@ -31,9 +34,16 @@ def up(app_name: str, allow_no_gpu: bool, no_flower: bool, flower_port: int | No
     terminal closing) stops everything it started. One `sluice up` per SLUICE_HOME."""
     settings = Settings.load()
     app = load_app(app_name)
-    cluster = LocalCluster(app_name, settings, list(app.catalog), allow_no_gpu=allow_no_gpu, flower=not no_flower,
-                           flower_port=flower_port, broker_url=settings.broker_url)
-    stopping: list[int] = []   # the signals received; a handler takes no lock the main loop may hold
+    cluster = LocalCluster(
+        app_name,
+        settings,
+        list(app.catalog),
+        allow_no_gpu=allow_no_gpu,
+        flower=not no_flower,
+        flower_port=flower_port,
+        broker_url=settings.broker_url,
+    )
+    stopping: list[int] = []  # the signals received; a handler takes no lock the main loop may hold
 
     def on_signal(signum: int, _frame: Any) -> None:
         if stopping and signum == signal.SIGINT:
@@ -41,7 +51,7 @@ def up(app_name: str, allow_no_gpu: bool, no_flower: bool, flower_port: int | No
             raise SystemExit(130)
         stopping.append(signum)
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # SIGHUP: the terminal closed
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
         signal.signal(signum, on_signal)
     with console.status("starting redis, workers and flower"):
         cluster.start()
@@ -65,12 +75,15 @@ def say(line: str) -> None:
 
 def _print_up(cluster: LocalCluster) -> None:
     console.print("[bold green]sluice is up[/bold green]")
-    console.print(f"  app      {cluster.app_module}" + ("  (the demo app: give -A yourapp.tasks to serve your own)"
-                                                        if cluster.app_module == "sluice.demo" else ""))
+    console.print(
+        f"  app      {cluster.app_module}"
+        + ("  (the demo app: give -A yourapp.tasks to serve your own)" if cluster.app_module == "sluice.demo" else "")
+    )
     console.print(f"  broker   {cluster.broker_url}")
     if cluster.flower_url:
-        console.print(f"  flower   {cluster.flower_url}  (user {cluster.flower_user}, "
-                      f"password {cluster.flower_password})")
+        console.print(
+            f"  flower   {cluster.flower_url}  (user {cluster.flower_user}, password {cluster.flower_password})"
+        )
     for child in cluster.children:
         console.print(f"  {child.name:<16} pid {child.process.pid}  log {child.log_path}")
     for name, why in cluster.skipped.items():
@@ -91,8 +104,16 @@ def demo(timeout: float) -> None:
 
     settings = Settings.load()
     no_gpu = gpu_count() == 0
-    cluster = LocalCluster("sluice.demo", settings, list(demo_app.app.catalog), allow_no_gpu=no_gpu, flower=False,
-                           broker_url=settings.broker_url, state_dir=settings.home / "demo", owner="sluice demo")
+    cluster = LocalCluster(
+        "sluice.demo",
+        settings,
+        list(demo_app.app.catalog),
+        allow_no_gpu=no_gpu,
+        flower=False,
+        broker_url=settings.broker_url,
+        state_dir=settings.home / "demo",
+        owner="sluice demo",
+    )
     if no_gpu:
         console.print("[yellow]no GPU here: the demo's gpu worker runs with --allow-no-gpu[/yellow]")
     with console.status("starting redis and one worker per class"):
@@ -106,8 +127,13 @@ def demo(timeout: float) -> None:
         with console.status("waiting for results"):
             for task, result in pending:
                 out = result.get(timeout=timeout)
-                table.add_row(task.name.rsplit(".", 1)[-1], task.effective_compute.describe(), out["queue"],
-                              out["worker"], str(out["value"]))
+                table.add_row(
+                    task.name.rsplit(".", 1)[-1],
+                    task.effective_compute.describe(),
+                    out["queue"],
+                    out["worker"],
+                    str(out["value"]),
+                )
         console.print(table)
     finally:
         cluster.stop()

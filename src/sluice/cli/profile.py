@@ -34,8 +34,14 @@ def show(task: str | None, app_name: str | None) -> None:
         table.add_column(column, justify="left" if column == "task" else "right")
     for name in names:
         found = memory_profile.read(client, name)
-        table.add_row(name, str(found.count), format_size(found.p50), format_size(found.p95), format_size(found.peak),
-                      str(found.kills))
+        table.add_row(
+            name,
+            str(found.count),
+            format_size(found.p50),
+            format_size(found.p95),
+            format_size(found.peak),
+            str(found.kills),
+        )
     console.print(table)
 
 

@@ -26,8 +26,9 @@ def _broker(settings: Settings) -> redis.Redis | None:
     try:
         client.ping()
     except redis.RedisError:
-        console.print(f"[yellow]the broker {runs.describe_broker(url)} does not answer: "
-                      "its runs are not listed[/yellow]")
+        console.print(
+            f"[yellow]the broker {runs.describe_broker(url)} does not answer: its runs are not listed[/yellow]"
+        )
         return None
     return client
 
@@ -35,8 +36,13 @@ def _broker(settings: Settings) -> redis.Redis | None:
 def _on_broker(client: redis.Redis) -> set[str]:
     """Ids of the runs whose task file is on the broker (every run publishes it first)."""
     head, tail = keys.run("\0", "source").split("\0")
-    return set(entries.decode_each("run key name", client.scan_iter(match=keys.run("*", "source")),
-                                   lambda key: key.decode()[len(head):-len(tail)]))
+    return set(
+        entries.decode_each(
+            "run key name",
+            client.scan_iter(match=keys.run("*", "source")),
+            lambda key: key.decode()[len(head) : -len(tail)],
+        )
+    )
 
 
 @click.group("runs", invoke_without_command=True)
@@ -67,12 +73,28 @@ def runs_group(ctx: click.Context) -> None:
             disk += runs.disk_bytes(Path(record.sink))
         expires = record.expires_at(settings.run_ttl)
         expiry = "kept" if record.keep else "-" if expires is None else f"in {format_age(expires - now)}"
-        table.add_row(run_id, f"{format_age(now - record.started)} ago", _state(record), record.broker, in_redis,
-                      format_size(disk), expiry, record.sink)
+        table.add_row(
+            run_id,
+            f"{format_age(now - record.started)} ago",
+            _state(record),
+            record.broker,
+            in_redis,
+            format_size(disk),
+            expiry,
+            record.sink,
+        )
     if client is not None:
         for run_id in sorted(remote - set(local)):
-            table.add_row(run_id, "?", "on the broker (started elsewhere)", "broker",
-                          format_size(runs.redis_bytes(client, run_id)), "-", "by its TTL", "?")
+            table.add_row(
+                run_id,
+                "?",
+                "on the broker (started elsewhere)",
+                "broker",
+                format_size(runs.redis_bytes(client, run_id)),
+                "-",
+                "by its TTL",
+                "?",
+            )
     console.print(table)
 
 
@@ -82,7 +104,8 @@ def _state(record: runs.RunRecord) -> str:
     if record.ended is None:
         return "died (never ended)"
     return {0: "ok", 1: "some failed", 130: "interrupted", 75: "lost its broker"}.get(
-        record.exit_code or 0, "ended") + f" (exit {record.exit_code})"
+        record.exit_code or 0, "ended"
+    ) + f" (exit {record.exit_code})"
 
 
 @runs_group.command("forget")

@@ -19,8 +19,15 @@ from sluice.deploy import kube_client
 @click.option("--max-step-up", default=10, show_default=True)
 @click.option("--max-step-down", default=2, show_default=True)
 @click.option("--metrics-port", default=9100, show_default=True, help="Serve Prometheus /metrics here (0: off).")
-def autoscale(app_name: str, namespace: str, interval: float, cooldown: float, max_step_up: int,
-              max_step_down: int, metrics_port: int) -> None:
+def autoscale(
+    app_name: str,
+    namespace: str,
+    interval: float,
+    cooldown: float,
+    max_step_up: int,
+    max_step_down: int,
+    metrics_port: int,
+) -> None:
     """Scale each class's worker Deployment on its queue, draining idle workers before scaling down
     (for clusters without KEDA)."""
     api = kube_client.connect("sluice autoscale")
@@ -30,12 +37,22 @@ def autoscale(app_name: str, namespace: str, interval: float, cooldown: float, m
     from sluice.deploy.metrics import serve  # CLI start-up: prometheus_client (~17 ms)
 
     app = load_app(app_name)
-    with kube_client.reaching(api):   # a cluster that does not answer now is an error, later only a log line
+    with kube_client.reaching(api):  # a cluster that does not answer now is an error, later only a log line
         client.CoreV1Api(api).list_namespaced_pod(namespace, limit=1)
     if metrics_port:
         serve(app.redis, app.catalog, metrics_port, intake=app.settings.intake_queue)
-    Autoscaler(app.redis, app.catalog, client.AppsV1Api(api), client.CoreV1Api(api), namespace, app.control,
-               interval=interval, cooldown=cooldown, max_step_up=max_step_up, max_step_down=max_step_down).run()
+    Autoscaler(
+        app.redis,
+        app.catalog,
+        client.AppsV1Api(api),
+        client.CoreV1Api(api),
+        namespace,
+        app.control,
+        interval=interval,
+        cooldown=cooldown,
+        max_step_up=max_step_up,
+        max_step_down=max_step_down,
+    ).run()
 
 
 @click.command()

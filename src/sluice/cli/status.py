@@ -37,21 +37,40 @@ def status(app_name: str | None) -> None:
         table.add_column(column, justify="left" if column in ("class", "slot size", "tasks") else "right")
     for row in rows:
         name = row.resource_class.name
-        table.add_row(name, str(row.queued), str(row.workers), str(row.running), str(row.slots),
-                      row.resource_class.slot.describe(), ", ".join(serves.get(name, [])) or "-")
-    table.add_row(f"{intake.queue} (intake)", str(intake.queued), str(intake.workers), "-", "-", "-",
-                  "forwarded to the class that fits")
+        table.add_row(
+            name,
+            str(row.queued),
+            str(row.workers),
+            str(row.running),
+            str(row.slots),
+            row.resource_class.slot.describe(),
+            ", ".join(serves.get(name, [])) or "-",
+        )
+    table.add_row(
+        f"{intake.queue} (intake)",
+        str(intake.queued),
+        str(intake.workers),
+        "-",
+        "-",
+        "-",
+        "forwarded to the class that fits",
+    )
     console.print(table)
     if serves.get("?"):
         console.print(f"[yellow]no class here holds[/yellow] {', '.join(serves['?'])}")
 
 
 @click.command()
-@app_option("Module (or module:attr) holding the sluice App. Without it, the tasks come from the cluster's "
-            "task catalog (what running workers registered) and the classes from the settings.")
-@click.option("--from-cluster", is_flag=True,
-              help="With -A: read the tasks from the cluster's task catalog instead of the app's code "
-                   "(the app's classes still route them).")
+@app_option(
+    "Module (or module:attr) holding the sluice App. Without it, the tasks come from the cluster's "
+    "task catalog (what running workers registered) and the classes from the settings."
+)
+@click.option(
+    "--from-cluster",
+    is_flag=True,
+    help="With -A: read the tasks from the cluster's task catalog instead of the app's code "
+    "(the app's classes still route them).",
+)
 def explain(app_name: str | None, from_cluster: bool) -> None:
     """For each task: declared compute, effective compute, retry policy, the class it routes to,
     and the memory its runs were observed to use (p50/p95/peak, runs), flagged when the declared
@@ -68,11 +87,21 @@ def explain(app_name: str | None, from_cluster: bool) -> None:
         except redis.RedisError as exc:
             raise click.ClickException(f"cannot read the broker: {exc}") from None
         if not entries:
-            raise click.ClickException("the task catalog is empty: no sluice worker has started against this "
-                                       "broker yet (give -A to read an app's code instead)")
+            raise click.ClickException(
+                "the task catalog is empty: no sluice worker has started against this "
+                "broker yet (give -A to read an app's code instead)"
+            )
     table = Table(title=f"routing for {app_name}" if from_code else "routing of the cluster's task catalog")
-    for column in ("task", "declared", "effective", "retry", "class", "observed p50/p95/peak (runs)", "flag",
-                   *(() if from_code else ("published by",))):
+    for column in (
+        "task",
+        "declared",
+        "effective",
+        "retry",
+        "class",
+        "observed p50/p95/peak (runs)",
+        "flag",
+        *(() if from_code else ("published by",)),
+    ):
         table.add_column(column)
     for entry in sorted(entries, key=lambda e: e.name):
         try:
@@ -80,14 +109,23 @@ def explain(app_name: str | None, from_cluster: bool) -> None:
         except redis.RedisError:
             observed = None
         effective = memory_profile.with_learned_memory(
-            entry.effective, observed or memory_profile.EMPTY, broker.settings,
-            entry.fallback or fallback_memory(Compute(), broker.settings))
+            entry.effective,
+            observed or memory_profile.EMPTY,
+            broker.settings,
+            entry.fallback or fallback_memory(Compute(), broker.settings),
+        )
         try:
             where = broker.catalog.route(effective, entry.name).name
         except NoQueueFits:
             where = "[red]no class fits[/red]"
-        cells = [entry.name, entry.declared.describe() if entry.declared else "(default)", effective.describe(),
-                 entry.retry.describe() if entry.retry is not None else "-", where, *_observed(observed, effective)]
+        cells = [
+            entry.name,
+            entry.declared.describe() if entry.declared else "(default)",
+            effective.describe(),
+            entry.retry.describe() if entry.retry is not None else "-",
+            where,
+            *_observed(observed, effective),
+        ]
         if not from_code:
             cells.append(f"{entry.worker}, {format_age(max(time.time() - entry.at, 0))} ago")
         table.add_row(*cells)

@@ -17,8 +17,9 @@ from sluice.workers.health import check_worker
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @app_option("Module (or module:attr) holding the sluice App.", required=True)
-@click.option("-q", "--queue", "queues", multiple=True,
-              help="Resource class to serve (repeatable). Default: the smallest.")
+@click.option(
+    "-q", "--queue", "queues", multiple=True, help="Resource class to serve (repeatable). Default: the smallest."
+)
 @click.option("--allow-no-gpu", is_flag=True, help="Serve a gpu class on a machine without a GPU (development only).")
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
 @click.pass_context
@@ -36,15 +37,21 @@ def worker(ctx: click.Context, app_name: str, queues: tuple[str, ...], allow_no_
         raise click.BadParameter(str(exc), param_hint="--queue") from None
     gpu = [rc.name for rc in classes if rc.is_gpu]
     if gpu and not allow_no_gpu and gpu_count() == 0:
-        raise click.UsageError(f"class {', '.join(gpu)} needs a GPU and none is visible here; "
-                               "run on a GPU node or pass --allow-no-gpu for development")
+        raise click.UsageError(
+            f"class {', '.join(gpu)} needs a GPU and none is visible here; "
+            "run on a GPU node or pass --allow-no-gpu for development"
+        )
     argv = ["worker", "-Q", ",".join(queues), "--loglevel", loglevel, *ctx.args]
     app.worker_main(argv + (["--allow-no-gpu"] if allow_no_gpu else []))
 
 
 @click.command()
-@click.option("--worker", "hostname", required=True,
-              help="The worker's name, as given to -n (%h expands to this machine's hostname).")
+@click.option(
+    "--worker",
+    "hostname",
+    required=True,
+    help="The worker's name, as given to -n (%h expands to this machine's hostname).",
+)
 def check(hostname: str) -> None:
     """Health probe: exit 0 if the worker's heartbeat is fresh; 3 no heartbeat, 4 stale, 5 broker
     unreachable (2 is a usage error)."""

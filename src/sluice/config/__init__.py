@@ -16,5 +16,15 @@ from sluice.config.settings import Section, Settings, fallback_memory
 from sluice.config.sources import GPU_COUNT_ENV, GPU_MEMORY_ENV
 from sluice.config.up import UpState, embedded_broker_url, embedded_state_path
 
-__all__ = ["GPU_COUNT_ENV", "GPU_MEMORY_ENV", "Section", "Settings", "UpState", "embedded_broker_url",
-           "embedded_state_path", "fallback_memory", "setting", "setting_keys"]
+__all__ = [
+    "GPU_COUNT_ENV",
+    "GPU_MEMORY_ENV",
+    "Section",
+    "Settings",
+    "UpState",
+    "embedded_broker_url",
+    "embedded_state_path",
+    "fallback_memory",
+    "setting",
+    "setting_keys",
+]

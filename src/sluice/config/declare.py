@@ -38,8 +38,14 @@ class Spec:
         return "/".join(self.keys)
 
 
-def setting(kind: Kind, help: str, *, default: Any = dataclasses.MISSING,
-            factory: Callable[[], Any] | Any = dataclasses.MISSING, keys: tuple[str, ...] = ()) -> Any:
+def setting(
+    kind: Kind,
+    help: str,
+    *,
+    default: Any = dataclasses.MISSING,
+    factory: Callable[[], Any] | Any = dataclasses.MISSING,
+    keys: tuple[str, ...] = (),
+) -> Any:
     """Declare the field it is assigned to as a setting read by ``kind``, keyed by the field's name
     (or by ``keys``: a kind that reads several gets a table of those given), with ``default`` (or
     ``factory``) when no layer gives it. ``help`` says what it is for."""
@@ -49,8 +55,11 @@ def setting(kind: Kind, help: str, *, default: Any = dataclasses.MISSING,
 @functools.cache
 def specs(cls: type) -> Mapping[str, Spec]:
     """The settings ``cls`` declares: field name -> declaration, in declaration order."""
-    return {f.name: dataclasses.replace(f.metadata[_SPEC], keys=f.metadata[_SPEC].keys or (f.name,))
-            for f in dataclasses.fields(cls) if _SPEC in f.metadata}
+    return {
+        f.name: dataclasses.replace(f.metadata[_SPEC], keys=f.metadata[_SPEC].keys or (f.name,))
+        for f in dataclasses.fields(cls)
+        if _SPEC in f.metadata
+    }
 
 
 def setting_keys(cls: type) -> tuple[str, ...]:

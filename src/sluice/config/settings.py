@@ -63,58 +63,103 @@ class Section:
 class Settings:
     """Everything configurable, resolved once."""
 
-    broker_url: str | None = setting(Text(), "Redis for broker, results and sluice's state (redis://, rediss://, "
-                                     "unix:// or sentinel://); default: a running `sluice up`, else localhost",
-                                     default=None)
+    broker_url: str | None = setting(
+        Text(),
+        "Redis for broker, results and sluice's state (redis://, rediss://, "
+        "unix:// or sentinel://); default: a running `sluice up`, else localhost",
+        default=None,
+    )
     result_backend: str | None = setting(Text(), "Celery result backend; default: the broker", default=None)
-    default_compute: Compute = setting(DefaultCompute(BUILTIN_DEFAULT_COMPUTE), "The compute of a task that "
-                                       "declares none", default=BUILTIN_DEFAULT_COMPUTE,
-                                       keys=("default_cpu", "default_memory"))
-    visibility_timeout: int = setting(Number(1, _YEARS_10, whole=True), "Seconds before Redis redelivers a "
-                                      "held message its worker no longer renews", default=DEFAULT_VISIBILITY_TIMEOUT)
-    watchdog_interval: float = setting(Number(0.005, 10.0), "How often the watchdog measures, in seconds",
-                                       default=0.05)
-    heartbeat_interval: float = setting(Number(0.1, 60.0), "A worker beats this often, in seconds; it is taken "
-                                        "for dead after 5 missed beats", default=2.0)
-    reaper_interval: float = setting(Number(0.1, 3600.0), "How often a worker sweeps for messages held by dead "
-                                     "workers, in seconds", default=5.0)
-    orphan_grace: float = setting(Number(0.1, 86_400.0), "A held message with no ledger claim is an orphan only "
-                                  "after this many seconds", default=60.0)
-    home: Path = setting(PathValue(), "Where `sluice up` keeps its state (Redis data, logs, up.json)",
-                         factory=lambda: Path.home() / ".sluice")
-    catalog: Catalog = setting(ClassTables(), "Resource classes, merged by name onto the default ladder",
-                               factory=lambda: Catalog.merged({}), keys=("classes",))
-    remote_secret: str | None = setting(Text(), "The secret shared by clients and workers that signs everything a "
-                                        "worker runs or unpickles from Redis (remote calls and replies, asset steps "
-                                        "and values, batch runs' task files; HMAC-SHA256); without it none of that "
-                                        "is sent, run or unpickled (the name is historical)", default=None)
-    intake_queue: str = setting(Text(), "The queue every sluice worker also drains, forwarding each task to the "
-                                "class that fits it: Celery's default queue, for plain Celery clients; not a class",
-                                default="celery")
-    auto_min_runs: int = setting(Number(1, 1_000_000, whole=True), 'memory="auto": runs observed before the '
-                                 "learned size is used (until then, the default memory)", default=5)
-    auto_headroom: float = setting(Number(1.0, 100.0), 'memory="auto": the learned size is the observed p95 times '
-                                   "this, rounded up to a tidy size", default=1.3)
+    default_compute: Compute = setting(
+        DefaultCompute(BUILTIN_DEFAULT_COMPUTE),
+        "The compute of a task that declares none",
+        default=BUILTIN_DEFAULT_COMPUTE,
+        keys=("default_cpu", "default_memory"),
+    )
+    visibility_timeout: int = setting(
+        Number(1, _YEARS_10, whole=True),
+        "Seconds before Redis redelivers a held message its worker no longer renews",
+        default=DEFAULT_VISIBILITY_TIMEOUT,
+    )
+    watchdog_interval: float = setting(Number(0.005, 10.0), "How often the watchdog measures, in seconds", default=0.05)
+    heartbeat_interval: float = setting(
+        Number(0.1, 60.0),
+        "A worker beats this often, in seconds; it is taken for dead after 5 missed beats",
+        default=2.0,
+    )
+    reaper_interval: float = setting(
+        Number(0.1, 3600.0), "How often a worker sweeps for messages held by dead workers, in seconds", default=5.0
+    )
+    orphan_grace: float = setting(
+        Number(0.1, 86_400.0),
+        "A held message with no ledger claim is an orphan only after this many seconds",
+        default=60.0,
+    )
+    home: Path = setting(
+        PathValue(),
+        "Where `sluice up` keeps its state (Redis data, logs, up.json)",
+        factory=lambda: Path.home() / ".sluice",
+    )
+    catalog: Catalog = setting(
+        ClassTables(),
+        "Resource classes, merged by name onto the default ladder",
+        factory=lambda: Catalog.merged({}),
+        keys=("classes",),
+    )
+    remote_secret: str | None = setting(
+        Text(),
+        "The secret shared by clients and workers that signs everything a "
+        "worker runs or unpickles from Redis (remote calls and replies, asset steps "
+        "and values, batch runs' task files; HMAC-SHA256); without it none of that "
+        "is sent, run or unpickled (the name is historical)",
+        default=None,
+    )
+    intake_queue: str = setting(
+        Text(),
+        "The queue every sluice worker also drains, forwarding each task to the "
+        "class that fits it: Celery's default queue, for plain Celery clients; not a class",
+        default="celery",
+    )
+    auto_min_runs: int = setting(
+        Number(1, 1_000_000, whole=True),
+        'memory="auto": runs observed before the learned size is used (until then, the default memory)',
+        default=5,
+    )
+    auto_headroom: float = setting(
+        Number(1.0, 100.0),
+        'memory="auto": the learned size is the observed p95 times this, rounded up to a tidy size',
+        default=1.3,
+    )
     auto_floor: int = setting(Memory(), 'memory="auto": the smallest learned size', default=64 << 20)
-    run_ttl: float = setting(Number(1.0, float(_YEARS_10)), "Seconds a batch run's Redis data (and its directory, "
-                             "unless kept) outlive the run's end", default=3 * 86_400.0)
-    sentinel_master: str | None = setting(Text(), "With a sentinel:// broker: the name the Sentinels monitor the "
-                                          "master under", default=None)
-    sentinel_password: str | None = setting(Text(), "With a sentinel:// broker: the Sentinels' own password (the "
-                                            "URL's is the master's)", default=None)
+    run_ttl: float = setting(
+        Number(1.0, float(_YEARS_10)),
+        "Seconds a batch run's Redis data (and its directory, unless kept) outlive the run's end",
+        default=3 * 86_400.0,
+    )
+    sentinel_master: str | None = setting(
+        Text(), "With a sentinel:// broker: the name the Sentinels monitor the master under", default=None
+    )
+    sentinel_password: str | None = setting(
+        Text(), "With a sentinel:// broker: the Sentinels' own password (the URL's is the master's)", default=None
+    )
     #: Each capability's section, by its class (see :meth:`section`).
     sections: Mapping[type, Any] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, cwd: Path | None = None, env: Mapping[str, str] | None = None,
-             sections: Iterable[type[Section]] | None = None) -> Settings:
+    def load(
+        cls,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        sections: Iterable[type[Section]] | None = None,
+    ) -> Settings:
         """Read every layer (see the module docstring) and validate the result. ``sections``:
         the capabilities' settings sections (default: those of ``sluice.default_capabilities()``)."""
         if sections is None:
             sections = [c.settings for c in sluice.default_capabilities() if c.settings is not None]
         sections = tuple(sections)
-        table = merged_layers(Path.cwd() if cwd is None else cwd, os.environ if env is None else env,
-                              kinds((cls, *sections)))
+        table = merged_layers(
+            Path.cwd() if cwd is None else cwd, os.environ if env is None else env, kinds((cls, *sections))
+        )
         core = cls(**read(cls, table))
         core.check()
         return replace(core, sections={section: section.from_table(table, core) for section in sections})
@@ -123,8 +168,10 @@ class Settings:
         """The intake queue is a queue name that is not one of the resource classes."""
         name = self.intake_queue
         if not name.replace("-", "").replace("_", "").replace(".", "").isalnum() or name in self.catalog:
-            raise ConfigurationError(f"setting intake_queue={name!r} must be a queue name (letters, digits, '-', "
-                                     f"'_', '.') that is not a resource class ({', '.join(self.catalog.names)})")
+            raise ConfigurationError(
+                f"setting intake_queue={name!r} must be a queue name (letters, digits, '-', "
+                f"'_', '.') that is not a resource class ({', '.join(self.catalog.names)})"
+            )
 
     def signing_secret(self) -> str | None:
         """The signing secret: configured, or the one of a ``sluice up`` running here."""
@@ -136,8 +183,10 @@ class Settings:
         try:
             return self.sections[kind]
         except KeyError:
-            raise ConfigurationError(f"settings were loaded without the {kind.__name__} section; load them with "
-                                     "the capability that reads it installed") from None
+            raise ConfigurationError(
+                f"settings were loaded without the {kind.__name__} section; load them with "
+                "the capability that reads it installed"
+            ) from None
 
 
 def fallback_memory(default: Compute, settings: Settings) -> int:

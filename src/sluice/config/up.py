@@ -38,9 +38,14 @@ class UpState:
         children = data.get("children") or {}
         if not isinstance(children, dict) or not all(isinstance(pid, int) for pid in children.values()):
             raise ValueError(f"up.json children={children!r} is not a table of pids")
-        return cls(pid=data["pid"], broker_url=_text(data, "broker_url"), flower_url=_text(data, "flower_url"),
-                   app=_text(data, "app") or "", remote_secret=_text(data, "remote_secret") or "",
-                   children={str(name): pid for name, pid in children.items()})
+        return cls(
+            pid=data["pid"],
+            broker_url=_text(data, "broker_url"),
+            flower_url=_text(data, "flower_url"),
+            app=_text(data, "app") or "",
+            remote_secret=_text(data, "remote_secret") or "",
+            children={str(name): pid for name, pid in children.items()},
+        )
 
     def write(self, home: Path) -> None:
         """Write this record at :func:`embedded_state_path` atomically, readable by its owner only."""

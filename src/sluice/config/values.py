@@ -58,8 +58,10 @@ class PathValue(Kind):
         try:
             return Path(value).expanduser() if value else None
         except RuntimeError:  # "~name" of a user this machine does not have
-            raise ConfigurationError(f"setting {key}: {value!r} names the home of a user this machine does not "
-                                     "have; give a path (~ alone means your own home)") from None
+            raise ConfigurationError(
+                f"setting {key}: {value!r} names the home of a user this machine does not "
+                "have; give a path (~ alone means your own home)"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -174,15 +176,17 @@ class ClassTables(Kind):
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigurationError(
-                f"{name}={text!r} is not JSON; use an object such as " '{"highmem": {"memory": "128Gi"}}') from exc
+                f'{name}={text!r} is not JSON; use an object such as {{"highmem": {{"memory": "128Gi"}}}}'
+            ) from exc
         if not isinstance(value, dict):
             raise ConfigurationError(f"{name}={text!r} must be a JSON object of class tables")
         return value
 
     def merge(self, below: Any, above: Any, key: str) -> dict[str, dict[str, Any]]:
         if not isinstance(above, Mapping):
-            raise ConfigurationError(f"setting {key}={above!r} must be a table of class tables, e.g. "
-                                     '[classes.highmem] memory = "128Gi"')
+            raise ConfigurationError(
+                f'setting {key}={above!r} must be a table of class tables, e.g. [classes.highmem] memory = "128Gi"'
+            )
         merged = {name: dict(table) for name, table in (below or {}).items()}
         for name, table in above.items():
             if not isinstance(table, Mapping):

@@ -45,16 +45,28 @@ def replicas_needed(status: ClassStatus, rc: ResourceClass, demand: tuple[int, i
     need = math.ceil(work / rc.slots)
     if rc.pack and demand is not None:
         millicores, memory = demand
-        need = max(need, math.ceil(millicores / (rc.slot.millicores or 1)), math.ceil(memory / (rc.slot.memory_bytes or 1)))
+        need = max(
+            need, math.ceil(millicores / (rc.slot.millicores or 1)), math.ceil(memory / (rc.slot.memory_bytes or 1))
+        )
     return max(min(max(need, rc.min_replicas), rc.max_replicas), len(status.busy))
 
 
 class Autoscaler(Periodic):
     """One controller for every class of a catalog, in one namespace."""
 
-    def __init__(self, client: redis.Redis, catalog: Catalog, apps: k8s.AppsV1Api, core: k8s.CoreV1Api,
-                 namespace: str, control: Control, interval: float = 5.0, cooldown: float = 60.0,
-                 max_step_up: int = 10, max_step_down: int = 2) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        catalog: Catalog,
+        apps: k8s.AppsV1Api,
+        core: k8s.CoreV1Api,
+        namespace: str,
+        control: Control,
+        interval: float = 5.0,
+        cooldown: float = 60.0,
+        max_step_up: int = 10,
+        max_step_down: int = 2,
+    ) -> None:
         super().__init__("sluice-autoscaler", interval)
         self.client = client
         self.catalog = catalog
@@ -89,15 +101,16 @@ class Autoscaler(Periodic):
         by_pod = {host.split("@", 1)[-1]: host for host in (*status.busy, *status.idle)}
         idle_pods = [p.metadata.name for p in pods.items if by_pod.get(p.metadata.name) in status.idle]
         unknown = [p.metadata.name for p in pods.items if p.metadata.name not in by_pod]  # starting, no heartbeat yet
-        victims = (unknown + idle_pods)[:current - target]
+        victims = (unknown + idle_pods)[: current - target]
         target = current - len(victims)
         if not victims:
             return current
         for pod in pods.items:
             host = by_pod.get(pod.metadata.name)
             cost = -1000 if pod.metadata.name in victims else (1000 if host in status.busy else 0)
-            self.core.patch_namespaced_pod(pod.metadata.name, self.namespace,
-                                           {"metadata": {"annotations": {DELETION_COST: str(cost)}}})
+            self.core.patch_namespaced_pod(
+                pod.metadata.name, self.namespace, {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
+            )
         drained = [by_pod[p] for p in victims if p in by_pod]
         intake = self.control.app.settings.intake_queue  # a sluice App's control
         for host in drained:  # the class queue, the intake and the worker's own queue: no new work at all
@@ -108,8 +121,16 @@ class Autoscaler(Periodic):
     def _scale(self, rc: ResourceClass, current: int, target: int, status: ClassStatus, why: str) -> int:
         self.apps.patch_namespaced_deployment_scale(worker_name(rc), self.namespace, {"spec": {"replicas": target}})
         self._last_change[rc.name] = time.monotonic()
-        log.info("class %s: %d -> %d replicas (%s; queued %d, reserved %d, busy workers %d)", rc.name, current,
-                 target, why, status.queued, status.reserved, len(status.busy))
+        log.info(
+            "class %s: %d -> %d replicas (%s; queued %d, reserved %d, busy workers %d)",
+            rc.name,
+            current,
+            target,
+            why,
+            status.queued,
+            status.reserved,
+            len(status.busy),
+        )
         return target
 
 

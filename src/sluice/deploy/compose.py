@@ -27,20 +27,38 @@ def _worker(rc: ResourceClass, options: RenderOptions) -> dict[str, Any]:
     service: dict[str, Any] = {
         "image": "sluice:dev",
         "build": {"context": "."},
-        "command": ["sluice", "worker", "-A", options.app, "--queue", rc.name, "-n", f"{rc.name}@%h", "-E",
-                    "--time-limit", str(options.grace_seconds)],
+        "command": [
+            "sluice",
+            "worker",
+            "-A",
+            options.app,
+            "--queue",
+            rc.name,
+            "-n",
+            f"{rc.name}@%h",
+            "-E",
+            "--time-limit",
+            str(options.grace_seconds),
+        ],
         "environment": {"SLUICE_BROKER_URL": BROKER, "SLUICE_REMOTE_SECRET": REMOTE_SECRET},
         "depends_on": {"redis": {"condition": "service_healthy"}},
         "stop_grace_period": f"{options.grace_seconds + 60}s",
         "read_only": True,
         "tmpfs": ["/tmp"],
-        "deploy": {"resources": {"limits": {"cpus": str(parse_cpu(amounts["cpu"]) / 1000),
-                                            "memory": f"{parse_memory(amounts['memory'])}b"}}},
+        "deploy": {
+            "resources": {
+                "limits": {
+                    "cpus": str(parse_cpu(amounts["cpu"]) / 1000),
+                    "memory": f"{parse_memory(amounts['memory'])}b",
+                }
+            }
+        },
     }
     if rc.is_gpu:
         service["profiles"] = ["gpu"]
         service["deploy"]["resources"]["reservations"] = {
-            "devices": [{"driver": "nvidia", "count": rc.worker_size.gpus, "capabilities": ["gpu"]}]}
+            "devices": [{"driver": "nvidia", "count": rc.worker_size.gpus, "capabilities": ["gpu"]}]
+        }
     return service
 
 
@@ -48,7 +66,7 @@ def render_compose(catalog: Catalog, options: RenderOptions) -> dict[str, Any]:
     services: dict[str, Any] = {
         "redis": {
             "image": "redis:7.2",
-            "command": [part.replace("$", "$$") for part in redis_command()],   # $$: a literal $ for the shell
+            "command": [part.replace("$", "$$") for part in redis_command()],  # $$: a literal $ for the shell
             "environment": {"REDIS_PASSWORD": PASSWORD, "REDISCLI_AUTH": PASSWORD},
             "volumes": ["redis-data:/data"],
             "healthcheck": {"test": ["CMD", "redis-cli", "ping"], "interval": "5s", "timeout": "3s", "retries": 10},

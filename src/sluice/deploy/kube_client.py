@@ -21,8 +21,9 @@ def require_kubernetes(command: str) -> None:
     try:
         import kubernetes  # noqa: F401
     except ImportError:
-        raise MissingExtra(f"`{command}` needs the kubernetes client, which is not installed: "
-                           f"pip install '{EXTRA}'") from None
+        raise MissingExtra(
+            f"`{command}` needs the kubernetes client, which is not installed: pip install '{EXTRA}'"
+        ) from None
 
 
 def connect(command: str) -> Any:  # kubernetes.client.ApiClient
@@ -36,8 +37,10 @@ def connect(command: str) -> Any:  # kubernetes.client.ApiClient
         try:
             config.load_kube_config()
         except (config.ConfigException, OSError) as exc:
-            raise ClusterUnavailable(f"`{command}` found no cluster to talk to: not in a pod, and no usable "
-                                     f"kubeconfig ({exc}); set KUBECONFIG or write ~/.kube/config") from None
+            raise ClusterUnavailable(
+                f"`{command}` found no cluster to talk to: not in a pod, and no usable "
+                f"kubeconfig ({exc}); set KUBECONFIG or write ~/.kube/config"
+            ) from None
     return client.ApiClient()
 
 
@@ -49,8 +52,10 @@ def reaching(api: Any) -> Iterator[None]:
     try:
         yield
     except urllib3.exceptions.HTTPError as exc:
-        raise ClusterUnavailable(f"the Kubernetes API server at {api.configuration.host} does not answer: "
-                                 f"{type(exc).__name__}: {_reason(exc)}") from None
+        raise ClusterUnavailable(
+            f"the Kubernetes API server at {api.configuration.host} does not answer: "
+            f"{type(exc).__name__}: {_reason(exc)}"
+        ) from None
 
 
 def _reason(exc: Exception) -> str:

@@ -97,14 +97,39 @@ class LocalCluster:
                 if rc.is_gpu and not self.allow_no_gpu and gpu_count() == 0:
                     self.skipped[rc.name] = "no GPU here (start it anyway with --allow-no-gpu)"
                     continue
-                self._spawn(f"worker-{rc.name}", [
-                    "-m", "sluice", "worker", "-A", self.app_module, "--queue", rc.name, "--loglevel", "INFO",
-                    "-n", f"{rc.name}@%h", "-E", *(["--allow-no-gpu"] if rc.is_gpu and self.allow_no_gpu else [])])
+                self._spawn(
+                    f"worker-{rc.name}",
+                    [
+                        "-m",
+                        "sluice",
+                        "worker",
+                        "-A",
+                        self.app_module,
+                        "--queue",
+                        rc.name,
+                        "--loglevel",
+                        "INFO",
+                        "-n",
+                        f"{rc.name}@%h",
+                        "-E",
+                        *(["--allow-no-gpu"] if rc.is_gpu and self.allow_no_gpu else []),
+                    ],
+                )
             if self.flower:
                 self.flower_port = self.flower_port or free_port()
-                self._spawn("flower", ["-m", "celery", "-A", self.app_module, "flower", "--address=127.0.0.1",
-                                       f"--port={self.flower_port}"],
-                            env={"FLOWER_BASIC_AUTH": f"{self.flower_user}:{self.flower_password}"})
+                self._spawn(
+                    "flower",
+                    [
+                        "-m",
+                        "celery",
+                        "-A",
+                        self.app_module,
+                        "flower",
+                        "--address=127.0.0.1",
+                        f"--port={self.flower_port}",
+                    ],
+                    env={"FLOWER_BASIC_AUTH": f"{self.flower_user}:{self.flower_password}"},
+                )
         except BaseException:
             self.stop()
             raise
@@ -119,9 +144,14 @@ class LocalCluster:
     def _popen(self, args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
         out = private_log(log_path)
         try:
-            return subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
-                                    env=os.environ | self.env() | env, start_new_session=True,
-                                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
+            return subprocess.Popen(
+                [sys.executable, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=os.environ | self.env() | env,
+                start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
         finally:
             os.close(out)
 
@@ -140,8 +170,10 @@ class LocalCluster:
                 child.quick_deaths = child.quick_deaths + 1 if quick else 1
                 delay = min(RESTART_MAX, RESTART_FIRST * 2 ** (child.quick_deaths - 1))
                 child.restart_at = now + delay
-                said.append(f"{child.name} exited with code {child.process.returncode}; restarting it in "
-                            f"{delay:.0f}s (see {child.log_path})")
+                said.append(
+                    f"{child.name} exited with code {child.process.returncode}; restarting it in "
+                    f"{delay:.0f}s (see {child.log_path})"
+                )
             elif child.restart_at is not None and now >= child.restart_at:
                 child.process = self._popen(child.args, child.log_path, child.env)
                 child.started, child.restart_at = now, None
@@ -151,9 +183,14 @@ class LocalCluster:
         return said
 
     def _write_state(self) -> None:
-        UpState(pid=os.getpid(), broker_url=self.broker_url, flower_url=self.flower_url, app=self.app_module,
-                children={c.name: c.process.pid for c in self.children},
-                remote_secret=self.remote_secret).write(private_dir(self.home))
+        UpState(
+            pid=os.getpid(),
+            broker_url=self.broker_url,
+            flower_url=self.flower_url,
+            app=self.app_module,
+            children={c.name: c.process.pid for c in self.children},
+            remote_secret=self.remote_secret,
+        ).write(private_dir(self.home))
 
     def stop(self, grace: float = 30.0) -> None:
         """Warm shutdown: SIGTERM every child (Celery finishes running tasks), SIGKILL after ``grace``

@@ -32,7 +32,8 @@ class RenderOptions:
     grace_seconds: int = 3600
     redis_storage: str = "8Gi"
     gpu_tolerations: tuple[dict[str, str], ...] = (
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    )
     gpu_node_selector: dict[str, str] = field(default_factory=dict)
     #: Three Redis nodes with Sentinel instead of one (``--sentinel``); every client finds the master
     #: through the Sentinels.
@@ -44,22 +45,37 @@ class RenderOptions:
         the Redis Service, or every Sentinel, the master set's name and the Sentinels' password."""
         password = platform.REDIS_PASSWORD_REF
         if self.redis_sentinel:
-            url = ";".join(f"sentinel://:$(REDIS_PASSWORD)@{node}:{platform.SENTINEL_PORT}/0"
-                           for node in platform.sentinel_nodes(self))
-            broker = [{"name": "SLUICE_BROKER_URL", "value": url},
-                      {"name": "SLUICE_SENTINEL_MASTER", "value": platform.SENTINEL_MASTER},
-                      {"name": "SLUICE_SENTINEL_PASSWORD", **password}]
+            url = ";".join(
+                f"sentinel://:$(REDIS_PASSWORD)@{node}:{platform.SENTINEL_PORT}/0"
+                for node in platform.sentinel_nodes(self)
+            )
+            broker = [
+                {"name": "SLUICE_BROKER_URL", "value": url},
+                {"name": "SLUICE_SENTINEL_MASTER", "value": platform.SENTINEL_MASTER},
+                {"name": "SLUICE_SENTINEL_PASSWORD", **password},
+            ]
         else:
-            broker = [{"name": "SLUICE_BROKER_URL", "value": f"redis://:$(REDIS_PASSWORD)@{platform.REDIS_NAME}."
-                                                             f"{self.namespace}.svc:{platform.REDIS_PORT}/0"}]
-        return [{"name": "REDIS_PASSWORD", **password}, *broker, {"name": "SLUICE_HOME", "value": "/tmp/sluice"},
-                {"name": "HOME", "value": "/tmp"}]
+            broker = [
+                {
+                    "name": "SLUICE_BROKER_URL",
+                    "value": f"redis://:$(REDIS_PASSWORD)@{platform.REDIS_NAME}."
+                    f"{self.namespace}.svc:{platform.REDIS_PORT}/0",
+                }
+            ]
+        return [
+            {"name": "REDIS_PASSWORD", **password},
+            *broker,
+            {"name": "SLUICE_HOME", "value": "/tmp/sluice"},
+            {"name": "HOME", "value": "/tmp"},
+        ]
 
 
 #: Workers sign and check remote calls with this Secret's key; without the Secret (optional) a
 #: worker runs no remote calls.
-REMOTE_SECRET_ENV = {"name": "SLUICE_REMOTE_SECRET", "valueFrom": {"secretKeyRef": {
-    "name": platform.REMOTE_SECRET, "key": "secret", "optional": True}}}
+REMOTE_SECRET_ENV = {
+    "name": "SLUICE_REMOTE_SECRET",
+    "valueFrom": {"secretKeyRef": {"name": platform.REMOTE_SECRET, "key": "secret", "optional": True}},
+}
 
 
 def worker_name(rc: ResourceClass) -> str:
@@ -78,26 +94,45 @@ def pod_resources(rc: ResourceClass) -> dict[str, str]:
 
 def worker_deployment(rc: ResourceClass, options: RenderOptions) -> Manifest:
     amounts = pod_resources(rc)
-    probe = {"exec": {"command": ["sluice", "check", "--worker", f"{rc.name}@%h"]},
-             "periodSeconds": 15, "timeoutSeconds": 10, "failureThreshold": 4}
+    probe = {
+        "exec": {"command": ["sluice", "check", "--worker", f"{rc.name}@%h"]},
+        "periodSeconds": 15,
+        "timeoutSeconds": 10,
+        "failureThreshold": 4,
+    }
     pod: Manifest = {
         "serviceAccountName": "default",
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": options.grace_seconds + 60,
         "securityContext": platform.POD_SECURITY,
-        "containers": [{
-            "name": "worker",
-            "image": options.image,
-            # %h is the pod's hostname (its name): the autoscaler maps worker -> pod with it
-            "args": ["sluice", "worker", "-A", options.app, "--queue", rc.name, "-n", f"{rc.name}@%h", "-E",
-                     "--time-limit", str(options.grace_seconds), "--loglevel", "INFO"],
-            "env": [*options.broker_env, REMOTE_SECRET_ENV],
-            "resources": {"requests": dict(amounts), "limits": dict(amounts)},
-            "readinessProbe": probe | {"initialDelaySeconds": 5},
-            "livenessProbe": probe | {"initialDelaySeconds": 30},
-            "securityContext": platform.CONTAINER_SECURITY,
-            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-        }],
+        "containers": [
+            {
+                "name": "worker",
+                "image": options.image,
+                # %h is the pod's hostname (its name): the autoscaler maps worker -> pod with it
+                "args": [
+                    "sluice",
+                    "worker",
+                    "-A",
+                    options.app,
+                    "--queue",
+                    rc.name,
+                    "-n",
+                    f"{rc.name}@%h",
+                    "-E",
+                    "--time-limit",
+                    str(options.grace_seconds),
+                    "--loglevel",
+                    "INFO",
+                ],
+                "env": [*options.broker_env, REMOTE_SECRET_ENV],
+                "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+                "readinessProbe": probe | {"initialDelaySeconds": 5},
+                "livenessProbe": probe | {"initialDelaySeconds": 30},
+                "securityContext": platform.CONTAINER_SECURITY,
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            }
+        ],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
     if rc.is_gpu:
@@ -105,7 +140,8 @@ def worker_deployment(rc: ResourceClass, options: RenderOptions) -> Manifest:
         if options.gpu_node_selector:
             pod["nodeSelector"] = dict(options.gpu_node_selector)
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"name": worker_name(rc), "namespace": options.namespace, "labels": labels("worker", rc.name)},
         "spec": {
             "replicas": rc.min_replicas,
@@ -119,17 +155,22 @@ def _trigger(rc: ResourceClass, options: RenderOptions) -> Manifest:
     """KEDA's trigger on the class's Redis list, straight or through the Sentinels."""
     where: dict[str, str] = {"address": f"{platform.REDIS_NAME}.{options.namespace}.svc:{platform.REDIS_PORT}"}
     if options.redis_sentinel:
-        where = {"addresses": ",".join(f"{node}:{platform.SENTINEL_PORT}" for node in platform.sentinel_nodes(options)),
-                 "sentinelMaster": platform.SENTINEL_MASTER}
-    return {"type": "redis-sentinel" if options.redis_sentinel else "redis",
-            "metadata": {**where, "listName": rc.name, "listLength": str(rc.slots), "databaseIndex": "0"},
-            "authenticationRef": {"name": platform.REDIS_AUTH}}
+        where = {
+            "addresses": ",".join(f"{node}:{platform.SENTINEL_PORT}" for node in platform.sentinel_nodes(options)),
+            "sentinelMaster": platform.SENTINEL_MASTER,
+        }
+    return {
+        "type": "redis-sentinel" if options.redis_sentinel else "redis",
+        "metadata": {**where, "listName": rc.name, "listLength": str(rc.slots), "databaseIndex": "0"},
+        "authenticationRef": {"name": platform.REDIS_AUTH},
+    }
 
 
 def scaled_object(rc: ResourceClass, options: RenderOptions) -> Manifest:
     """KEDA scales the class's Deployment on its queue: one replica per ``slots`` queued messages."""
     return {
-        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
         "metadata": {"name": worker_name(rc), "namespace": options.namespace, "labels": labels("worker", rc.name)},
         "spec": {
             "scaleTargetRef": {"name": worker_name(rc)},
@@ -143,8 +184,12 @@ def scaled_object(rc: ResourceClass, options: RenderOptions) -> Manifest:
 
 def render(catalog: Catalog, options: RenderOptions) -> dict[str, list[Manifest]]:
     """Objects grouped by file: the core topology, KEDA scaling, and the built-in autoscaler."""
-    core = [platform.namespace(options), *platform.redis(options), *platform.flower(options),
-            *(worker_deployment(rc, options) for rc in catalog)]
+    core = [
+        platform.namespace(options),
+        *platform.redis(options),
+        *platform.flower(options),
+        *(worker_deployment(rc, options) for rc in catalog),
+    ]
     keda = [platform.trigger_authentication(options), *(scaled_object(rc, options) for rc in catalog)]
     return {"sluice.yaml": core, "keda.yaml": keda, "autoscaler.yaml": platform.autoscaler(options)}
 

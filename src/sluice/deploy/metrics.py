@@ -18,8 +18,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sluice import entries, keys
-from sluice.queues.catalog import Catalog
 from sluice.config import Settings
+from sluice.queues.catalog import Catalog
 from sluice.queues.status import class_status, intake_status
 from sluice.tasks import memory_profile
 
@@ -38,40 +38,62 @@ class ClassMetrics(Collector):
         self.intake = intake
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        gauges = {name: GaugeMetricFamily(f"sluice_{name}", help_text, labels=["resource_class"]) for name, help_text in (
-            ("queued", "Messages waiting in the class's queue"),
-            ("reserved", "Messages held by workers, not yet acknowledged"),
-            ("running", "Tasks running on the class's workers"),
-            ("workers_online", "Workers serving the class with a live heartbeat"),
-            ("slots", "Task slots of the class's online workers"))}
-        counters = {name: CounterMetricFamily(f"sluice_{name}", help_text, labels=["resource_class"]) for name, help_text in (
-            ("escalations", "Attempts re-published at a bigger size after dying on this class"),
-            ("memory_kills", "Tasks the watchdog killed for memory on this class"),
-            ("dead_letters", "Messages from the class's queue kept as dead letters instead of run"))}
+        gauges = {
+            name: GaugeMetricFamily(f"sluice_{name}", help_text, labels=["resource_class"])
+            for name, help_text in (
+                ("queued", "Messages waiting in the class's queue"),
+                ("reserved", "Messages held by workers, not yet acknowledged"),
+                ("running", "Tasks running on the class's workers"),
+                ("workers_online", "Workers serving the class with a live heartbeat"),
+                ("slots", "Task slots of the class's online workers"),
+            )
+        }
+        counters = {
+            name: CounterMetricFamily(f"sluice_{name}", help_text, labels=["resource_class"])
+            for name, help_text in (
+                ("escalations", "Attempts re-published at a bigger size after dying on this class"),
+                ("memory_kills", "Tasks the watchdog killed for memory on this class"),
+                ("dead_letters", "Messages from the class's queue kept as dead letters instead of run"),
+            )
+        }
         rows = class_status(self.client, self.catalog)
         totals = self.client.mget([keys.stat(n, r.resource_class.name) for r in rows for n in counters])
         for index, row in enumerate(rows):
             name = row.resource_class.name
-            for gauge, value in (("queued", row.queued), ("reserved", row.reserved), ("running", row.running),
-                                 ("workers_online", row.workers), ("slots", row.slots)):
+            for gauge, value in (
+                ("queued", row.queued),
+                ("reserved", row.reserved),
+                ("running", row.running),
+                ("workers_online", row.workers),
+                ("slots", row.slots),
+            ):
                 gauges[gauge].add_metric([name], value)
             for offset, counter in enumerate(counters.values()):
-                counter.add_metric([name], entries.decode_one("counter", totals[index * len(counters) + offset],
-                                                              lambda raw: int(raw or 0), 0))
+                counter.add_metric(
+                    [name],
+                    entries.decode_one("counter", totals[index * len(counters) + offset], lambda raw: int(raw or 0), 0),
+                )
         yield from gauges.values()
         yield from counters.values()
-        intake = GaugeMetricFamily("sluice_intake_queued", "Messages waiting in the intake queue to be forwarded",
-                                   labels=["queue"])
+        intake = GaugeMetricFamily(
+            "sluice_intake_queued", "Messages waiting in the intake queue to be forwarded", labels=["queue"]
+        )
         intake.add_metric([self.intake], intake_status(self.client, self.intake).queued)
-        forwarded = CounterMetricFamily("sluice_forwarded", "Messages workers forwarded to the class that holds "
-                                        "them (from the intake, or from a class too small)", labels=["from", "to"])
+        forwarded = CounterMetricFamily(
+            "sluice_forwarded",
+            "Messages workers forwarded to the class that holds them (from the intake, or from a class too small)",
+            labels=["from", "to"],
+        )
         forwards = entries.decode_each("forward count", self.client.hgetall(keys.FORWARDED).items(), _forwards)
         for source, target, count in sorted(forwards):
             forwarded.add_metric([source, target], count)
         yield intake
         yield forwarded
-        unreadable = CounterMetricFamily("sluice_unreadable_entries", "Entries of sluice's Redis structures this "
-                                         "process skipped because they do not decode", labels=["kind"])
+        unreadable = CounterMetricFamily(
+            "sluice_unreadable_entries",
+            "Entries of sluice's Redis structures this process skipped because they do not decode",
+            labels=["kind"],
+        )
         for kind, count in sorted(entries.skipped.items()):
             unreadable.add_metric([kind], count)
         yield unreadable
@@ -92,8 +114,9 @@ class TaskMetrics(Collector):
         self.client = client
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        sizes = GaugeMetricFamily("sluice_task_memory_bytes", "Observed peak memory of a task's runs",
-                                  labels=["task", "quantile"])
+        sizes = GaugeMetricFamily(
+            "sluice_task_memory_bytes", "Observed peak memory of a task's runs", labels=["task", "quantile"]
+        )
         runs = CounterMetricFamily("sluice_task_runs_observed", "Runs whose peak memory was observed", labels=["task"])
         kills = CounterMetricFamily("sluice_task_memory_kills", "Runs killed for memory", labels=["task"])
         for task in memory_profile.observed_tasks(self.client):
@@ -105,8 +128,9 @@ class TaskMetrics(Collector):
         yield from (sizes, runs, kills)
 
 
-def serve(client: redis.Redis, catalog: Catalog, port: int, address: str = "0.0.0.0",
-          intake: str = Settings.intake_queue) -> CollectorRegistry:
+def serve(
+    client: redis.Redis, catalog: Catalog, port: int, address: str = "0.0.0.0", intake: str = Settings.intake_queue
+) -> CollectorRegistry:
     """Serve ``/metrics`` on ``port`` from a background thread; returns the registry."""
     registry = CollectorRegistry()
     registry.register(ClassMetrics(client, catalog, intake))

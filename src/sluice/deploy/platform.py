@@ -16,11 +16,11 @@ if TYPE_CHECKING:
 Manifest = dict[str, Any]
 
 REDIS_NAME = "sluice-redis"
-REDIS_SECRET = "sluice-redis"        #: key "password"
-REDIS_AUTH = "sluice-redis-auth"     #: the KEDA TriggerAuthentication
+REDIS_SECRET = "sluice-redis"  #: key "password"
+REDIS_AUTH = "sluice-redis-auth"  #: the KEDA TriggerAuthentication
 REDIS_PASSWORD_REF: Manifest = {"valueFrom": {"secretKeyRef": {"name": REDIS_SECRET, "key": "password"}}}
-REMOTE_SECRET = "sluice-remote"      #: key "secret": signs what workers run or unpickle from Redis (optional)
-FLOWER_SECRET = "sluice-flower"      #: key "basic-auth", "user:password"
+REMOTE_SECRET = "sluice-remote"  #: key "secret": signs what workers run or unpickle from Redis (optional)
+FLOWER_SECRET = "sluice-flower"  #: key "basic-auth", "user:password"
 AUTOSCALER = "sluice-autoscaler"
 METRICS_PORT = 9100
 REDIS_PORT, SENTINEL_PORT = 6379, 26379
@@ -28,11 +28,20 @@ REDIS_PORT, SENTINEL_PORT = 6379, 26379
 SENTINEL_NODES = 3
 SENTINEL_MASTER = "sluice"
 
-POD_SECURITY: Manifest = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
-                          "seccompProfile": {"type": "RuntimeDefault"}}
-CONTAINER_SECURITY: Manifest = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
-                                "seccompProfile": {"type": "RuntimeDefault"}}
+POD_SECURITY: Manifest = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: Manifest = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def labels(component: str, resource_class: str | None = None) -> dict[str, str]:
@@ -48,21 +57,38 @@ def _meta(name: str, options: RenderOptions, component: str) -> Manifest:
 
 
 def _pod(options: RenderOptions, component: str, container: Manifest, **extra: Any) -> Manifest:
-    container = {"securityContext": CONTAINER_SECURITY,
-                 "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}], **container}
-    return {"metadata": {"labels": labels(component)},
-            "spec": {"securityContext": POD_SECURITY, "automountServiceAccountToken": False,
-                     "containers": [container], "volumes": [{"name": "tmp", "emptyDir": {}}], **extra}}
+    container = {
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        **container,
+    }
+    return {
+        "metadata": {"labels": labels(component)},
+        "spec": {
+            "securityContext": POD_SECURITY,
+            "automountServiceAccountToken": False,
+            "containers": [container],
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+            **extra,
+        },
+    }
 
 
 def _service(name: str, options: RenderOptions, component: str, port: int) -> Manifest:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, options, component),
-            "spec": {"selector": labels(component), "ports": [{"name": component, "port": port, "targetPort": port}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, options, component),
+        "spec": {"selector": labels(component), "ports": [{"name": component, "port": port, "targetPort": port}]},
+    }
 
 
 def namespace(options: RenderOptions) -> Manifest:
-    return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": options.namespace, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": options.namespace, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}},
+    }
 
 
 def redis_command() -> list[str]:
@@ -72,8 +98,12 @@ def redis_command() -> list[str]:
     the container's one process, the one a stop's SIGTERM reaches (a pipeline would leave a shell
     that ignores it, and Redis killed at the end of the grace period). The image's entrypoint still
     runs (it drops root to the redis user where it starts as root, in compose)."""
-    return ["sh", "-c", "exec docker-entrypoint.sh redis-server - --appendonly yes --dir /data "
-            '--maxmemory-policy noeviction <<EOF\nrequirepass $REDIS_PASSWORD\nEOF\n']
+    return [
+        "sh",
+        "-c",
+        "exec docker-entrypoint.sh redis-server - --appendonly yes --dir /data "
+        "--maxmemory-policy noeviction <<EOF\nrequirepass $REDIS_PASSWORD\nEOF\n",
+    ]
 
 
 def _redis_password_env() -> list[Manifest]:
@@ -81,8 +111,10 @@ def _redis_password_env() -> list[Manifest]:
 
 
 def _data_volume(options: RenderOptions) -> Manifest:
-    return {"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"],
-                                                   "resources": {"requests": {"storage": options.redis_storage}}}}
+    return {
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": options.redis_storage}}},
+    }
 
 
 def redis(options: RenderOptions) -> list[Manifest]:
@@ -91,7 +123,8 @@ def redis(options: RenderOptions) -> list[Manifest]:
     if options.redis_sentinel:
         return redis_sentinel(options)
     container = {
-        "name": "redis", "image": "redis:7.2",
+        "name": "redis",
+        "image": "redis:7.2",
         "command": redis_command(),
         "env": _redis_password_env(),
         "ports": [{"containerPort": REDIS_PORT, "name": "redis"}],
@@ -101,9 +134,16 @@ def redis(options: RenderOptions) -> list[Manifest]:
     template = _pod(options, "redis", container)
     template["spec"]["containers"][0]["volumeMounts"].append({"name": "data", "mountPath": "/data"})
     statefulset = {
-        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(REDIS_NAME, options, "redis"),
-        "spec": {"serviceName": REDIS_NAME, "replicas": 1, "selector": {"matchLabels": labels("redis")},
-                 "template": template, "volumeClaimTemplates": [_data_volume(options)]},
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(REDIS_NAME, options, "redis"),
+        "spec": {
+            "serviceName": REDIS_NAME,
+            "replicas": 1,
+            "selector": {"matchLabels": labels("redis")},
+            "template": template,
+            "volumeClaimTemplates": [_data_volume(options)],
+        },
     }
     return [_service(REDIS_NAME, options, "redis", REDIS_PORT), statefulset]
 
@@ -121,76 +161,148 @@ def redis_sentinel(options: RenderOptions) -> list[Manifest]:
     """Three Redis nodes, each with a Sentinel beside it (``redis_node.sh``): a failover in about
     ``down-after`` (5 s) plus an election when the master's node dies, and a node that comes back
     rejoins as a replica. Pods are spread over nodes, and at most one is evicted at a time."""
-    env = [*_redis_password_env(),
-           {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-           {"name": "NODE", "value": f"$(POD_NAME).{REDIS_NAME}.{options.namespace}.svc"},
-           {"name": "NODES", "value": " ".join(sentinel_nodes(options))},
-           {"name": "MASTER_SET", "value": SENTINEL_MASTER},
-           {"name": "DATA", "value": "/data"}, {"name": "SENTINEL_DIR", "value": "/sentinel"}]
+    env = [
+        *_redis_password_env(),
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NODE", "value": f"$(POD_NAME).{REDIS_NAME}.{options.namespace}.svc"},
+        {"name": "NODES", "value": " ".join(sentinel_nodes(options))},
+        {"name": "MASTER_SET", "value": SENTINEL_MASTER},
+        {"name": "DATA", "value": "/data"},
+        {"name": "SENTINEL_DIR", "value": "/sentinel"},
+    ]
     mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "scripts", "mountPath": "/scripts", "readOnly": True}]
     redis_container = {
-        "name": "redis", "image": "redis:7.2", "command": ["sh", "/scripts/redis_node.sh", "redis"], "env": env,
-        "securityContext": CONTAINER_SECURITY, "volumeMounts": [*mounts, {"name": "data", "mountPath": "/data"}],
+        "name": "redis",
+        "image": "redis:7.2",
+        "command": ["sh", "/scripts/redis_node.sh", "redis"],
+        "env": env,
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [*mounts, {"name": "data", "mountPath": "/data"}],
         "ports": [{"containerPort": REDIS_PORT, "name": "redis"}],
         "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "500m", "memory": "1Gi"}},
     }
     sentinel_container = {
-        "name": "sentinel", "image": "redis:7.2", "command": ["sh", "/scripts/redis_node.sh", "sentinel"], "env": env,
+        "name": "sentinel",
+        "image": "redis:7.2",
+        "command": ["sh", "/scripts/redis_node.sh", "sentinel"],
+        "env": env,
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [*mounts, {"name": "sentinel", "mountPath": "/sentinel"}],
         "ports": [{"containerPort": SENTINEL_PORT, "name": "sentinel"}],
         "readinessProbe": {"exec": {"command": ["redis-cli", "-p", str(SENTINEL_PORT), "ping"]}, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}},
     }
-    spread = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-        "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": labels("redis")},
-                                           "topologyKey": "kubernetes.io/hostname"}}]}}
-    template = {"metadata": {"labels": labels("redis")},
-                "spec": {"securityContext": POD_SECURITY, "automountServiceAccountToken": False, "affinity": spread,
-                         "containers": [redis_container, sentinel_container],
-                         "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "sentinel", "emptyDir": {}},
-                                     {"name": "scripts", "configMap": {"name": f"{REDIS_NAME}-node"}}]}}
-    ports = [{"name": "redis", "port": REDIS_PORT, "targetPort": REDIS_PORT},
-             {"name": "sentinel", "port": SENTINEL_PORT, "targetPort": SENTINEL_PORT}]
+    spread = {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "labelSelector": {"matchLabels": labels("redis")},
+                        "topologyKey": "kubernetes.io/hostname",
+                    },
+                }
+            ]
+        }
+    }
+    template = {
+        "metadata": {"labels": labels("redis")},
+        "spec": {
+            "securityContext": POD_SECURITY,
+            "automountServiceAccountToken": False,
+            "affinity": spread,
+            "containers": [redis_container, sentinel_container],
+            "volumes": [
+                {"name": "tmp", "emptyDir": {}},
+                {"name": "sentinel", "emptyDir": {}},
+                {"name": "scripts", "configMap": {"name": f"{REDIS_NAME}-node"}},
+            ],
+        },
+    }
+    ports = [
+        {"name": "redis", "port": REDIS_PORT, "targetPort": REDIS_PORT},
+        {"name": "sentinel", "port": SENTINEL_PORT, "targetPort": SENTINEL_PORT},
+    ]
     return [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{REDIS_NAME}-node", options, "redis"),
-         "data": {"redis_node.sh": redis_node_script()}},
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _meta(f"{REDIS_NAME}-node", options, "redis"),
+            "data": {"redis_node.sh": redis_node_script()},
+        },
         # headless: each pod keeps its own name in DNS, also before it is ready (the nodes find each other)
-        {"apiVersion": "v1", "kind": "Service", "metadata": _meta(REDIS_NAME, options, "redis"),
-         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": labels("redis"), "ports": ports}},
-        {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(REDIS_NAME, options, "redis"),
-         "spec": {"serviceName": REDIS_NAME, "replicas": SENTINEL_NODES, "selector": {"matchLabels": labels("redis")},
-                  "template": template, "volumeClaimTemplates": [_data_volume(options)]}},
-        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(REDIS_NAME, options, "redis"),
-         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels("redis")}}},
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(REDIS_NAME, options, "redis"),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": labels("redis"),
+                "ports": ports,
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": _meta(REDIS_NAME, options, "redis"),
+            "spec": {
+                "serviceName": REDIS_NAME,
+                "replicas": SENTINEL_NODES,
+                "selector": {"matchLabels": labels("redis")},
+                "template": template,
+                "volumeClaimTemplates": [_data_volume(options)],
+            },
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": _meta(REDIS_NAME, options, "redis"),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels("redis")}},
+        },
     ]
 
 
 def flower(options: RenderOptions) -> list[Manifest]:
     """Flower behind basic auth from a Secret; workers run with -E so it sees every event."""
     container = {
-        "name": "flower", "image": options.image,
-        "args": ["celery", "-A", options.app, "flower", "--port=5555", "--persistent=False"],   # auth: the env
-        "env": [{"name": "FLOWER_BASIC_AUTH", "valueFrom": {"secretKeyRef": {"name": FLOWER_SECRET,
-                                                                            "key": "basic-auth"}}},
-                *options.broker_env],
+        "name": "flower",
+        "image": options.image,
+        "args": ["celery", "-A", options.app, "flower", "--port=5555", "--persistent=False"],  # auth: the env
+        "env": [
+            {"name": "FLOWER_BASIC_AUTH", "valueFrom": {"secretKeyRef": {"name": FLOWER_SECRET, "key": "basic-auth"}}},
+            *options.broker_env,
+        ],
         "ports": [{"containerPort": 5555, "name": "flower"}],
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "250m", "memory": "512Mi"}},
     }
-    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta("sluice-flower", options, "flower"),
-                  "spec": {"replicas": 1, "selector": {"matchLabels": labels("flower")},
-                           "template": _pod(options, "flower", container)}}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta("sluice-flower", options, "flower"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels("flower")},
+            "template": _pod(options, "flower", container),
+        },
+    }
     return [_service("sluice-flower", options, "flower", 5555), deployment]
 
 
 def trigger_authentication(options: RenderOptions) -> Manifest:
     """The Redis password for KEDA's triggers (with Sentinel, the Sentinels' too: it is the same)."""
     parameters = ["password", "sentinelPassword"] if options.redis_sentinel else ["password"]
-    return {"apiVersion": "keda.sh/v1alpha1", "kind": "TriggerAuthentication",
-            "metadata": _meta(REDIS_AUTH, options, "worker"),
-            "spec": {"secretTargetRef": [{"parameter": parameter, "name": REDIS_SECRET, "key": "password"}
-                                         for parameter in parameters]}}
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "TriggerAuthentication",
+        "metadata": _meta(REDIS_AUTH, options, "worker"),
+        "spec": {
+            "secretTargetRef": [
+                {"parameter": parameter, "name": REDIS_SECRET, "key": "password"} for parameter in parameters
+            ]
+        },
+    }
 
 
 def autoscaler(options: RenderOptions) -> list[Manifest]:
@@ -201,9 +313,18 @@ def autoscaler(options: RenderOptions) -> list[Manifest]:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]},
     ]
     container = {
-        "name": "autoscaler", "image": options.image,
-        "args": ["sluice", "autoscale", "-A", options.app, "--namespace", options.namespace,
-                 "--metrics-port", str(METRICS_PORT)],
+        "name": "autoscaler",
+        "image": options.image,
+        "args": [
+            "sluice",
+            "autoscale",
+            "-A",
+            options.app,
+            "--namespace",
+            options.namespace,
+            "--metrics-port",
+            str(METRICS_PORT),
+        ],
         "env": options.broker_env,
         "ports": [{"containerPort": METRICS_PORT, "name": "metrics"}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "100m", "memory": "256Mi"}},
@@ -212,13 +333,24 @@ def autoscaler(options: RenderOptions) -> list[Manifest]:
     template["spec"]["automountServiceAccountToken"] = True
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(AUTOSCALER, options, "autoscaler")},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(AUTOSCALER, options, "autoscaler"),
-         "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": _meta(AUTOSCALER, options, "autoscaler"),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AUTOSCALER},
-         "subjects": [{"kind": "ServiceAccount", "name": AUTOSCALER, "namespace": options.namespace}]},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(AUTOSCALER, options, "autoscaler"),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(AUTOSCALER, options, "autoscaler"),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AUTOSCALER},
+            "subjects": [{"kind": "ServiceAccount", "name": AUTOSCALER, "namespace": options.namespace}],
+        },
         _service(AUTOSCALER, options, "autoscaler", METRICS_PORT),
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(AUTOSCALER, options, "autoscaler"),
-         "spec": {"replicas": 1, "selector": {"matchLabels": labels("autoscaler")}, "template": template}},
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _meta(AUTOSCALER, options, "autoscaler"),
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels("autoscaler")}, "template": template},
+        },
     ]

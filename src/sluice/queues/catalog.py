@@ -34,7 +34,8 @@ class ResourceClass:
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
             raise ConfigurationError(
-                f"resource class name {self.name!r} is not valid; use letters, digits, '-' and '_'")
+                f"resource class name {self.name!r} is not valid; use letters, digits, '-' and '_'"
+            )
         if self.slot.millicores is None or self.slot.memory_bytes is None:
             raise ConfigurationError(f"resource class {self.name!r} needs both cpu and memory, got {self.slot!r}")
         for field in ("slots", "min_replicas", "max_replicas"):
@@ -42,12 +43,15 @@ class ResourceClass:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (field == "slots" and value == 0):
                 raise ConfigurationError(
                     f"resource class {self.name!r}: {field}={value!r} must be a whole number"
-                    + (" of at least 1" if field == "slots" else " of at least 0"))
+                    + (" of at least 1" if field == "slots" else " of at least 0")
+                )
         if not isinstance(self.pack, bool):
             raise ConfigurationError(f"resource class {self.name!r}: pack={self.pack!r} must be true or false")
         if self.min_replicas > self.max_replicas:
             raise ConfigurationError(
-                f"resource class {self.name!r}: min_replicas={self.min_replicas} exceeds max_replicas={self.max_replicas}")
+                f"resource class {self.name!r}: min_replicas={self.min_replicas} "
+                f"exceeds max_replicas={self.max_replicas}"
+            )
 
     @property
     def is_gpu(self) -> bool:
@@ -58,8 +62,11 @@ class ResourceClass:
         """What one worker (one pod) holds: the slot times the slots, or for a packed class the slot."""
         if self.pack:
             return self.slot
-        return Compute.of((self.slot.millicores or 0) * self.slots, (self.slot.memory_bytes or 0) * self.slots,
-                          self.slot.gpus * self.slots)
+        return Compute.of(
+            (self.slot.millicores or 0) * self.slots,
+            (self.slot.memory_bytes or 0) * self.slots,
+            self.slot.gpus * self.slots,
+        )
 
     def describe(self) -> str:
         packed = f", packed, up to {self.slots} at once" if self.pack else ""
@@ -71,7 +78,8 @@ class ResourceClass:
         unknown = set(data) - set(CLASS_KEYS)
         if unknown:
             raise ConfigurationError(
-                f"resource class {name!r}: unknown keys {sorted(unknown)}; accepted: {', '.join(CLASS_KEYS)}")
+                f"resource class {name!r}: unknown keys {sorted(unknown)}; accepted: {', '.join(CLASS_KEYS)}"
+            )
         slot = Compute(
             cpu=data.get("cpu", base.slot.cpu if base else None),
             memory=data.get("memory", base.slot.memory if base else None),
@@ -109,8 +117,9 @@ class Catalog:
         self._by_name = {rc.name: rc for rc in ordered}
 
     @classmethod
-    def merged(cls, overrides: Mapping[str, Mapping[str, Any]], base: Iterable[ResourceClass] = DEFAULT_CLASSES
-               ) -> Catalog:
+    def merged(
+        cls, overrides: Mapping[str, Mapping[str, Any]], base: Iterable[ResourceClass] = DEFAULT_CLASSES
+    ) -> Catalog:
         """Apply config tables onto ``base`` by name: change a class, add one, or drop it with enabled=false."""
         classes = {rc.name: rc for rc in base}
         for name, table in overrides.items():
@@ -145,7 +154,8 @@ class Catalog:
             return self._by_name[name]
         except KeyError:
             raise ConfigurationError(
-                f"unknown resource class {name!r}; configured classes: {', '.join(self.names)}") from None
+                f"unknown resource class {name!r}; configured classes: {', '.join(self.names)}"
+            ) from None
 
     def route(self, compute: Compute, task_name: str = "task") -> ResourceClass:
         """The smallest class whose slot fits every axis; tasks without gpu never take a gpu class."""

@@ -37,30 +37,41 @@ def summary(client: redis.Redis, layout: RedisLayout) -> list[QueueDeadLetters]:
         pipe.llen(layout.dead_letters(queue))
         pipe.get(layout.dead_letter_count(queue))
     replies = pipe.execute()
-    return entries.decode_each("dead-letter count", zip(queues, replies[::2], replies[1::2]),
-                               lambda row: QueueDeadLetters(row[0], int(row[1]), int(row[2] or 0)))
+    return entries.decode_each(
+        "dead-letter count",
+        zip(queues, replies[::2], replies[1::2]),
+        lambda row: QueueDeadLetters(row[0], int(row[1]), int(row[2] or 0)),
+    )
 
 
 def _suffixes(client: redis.Redis, prefix: str) -> set[str]:
     """What follows ``prefix`` in the names of the keys that start with it (here: queue names)."""
-    return set(entries.decode_each("dead-letter key name", client.scan_iter(match=prefix + "*", count=1000),
-                                   lambda key: key.decode()[len(prefix):]))
+    return set(
+        entries.decode_each(
+            "dead-letter key name",
+            client.scan_iter(match=prefix + "*", count=1000),
+            lambda key: key.decode()[len(prefix) :],
+        )
+    )
 
 
-def read(client: redis.Redis, layout: RedisLayout, queue: str, start: int = 0,
-         count: int = 20) -> list[tuple[int, DeadLetter]]:
+def read(
+    client: redis.Redis, layout: RedisLayout, queue: str, start: int = 0, count: int = 20
+) -> list[tuple[int, DeadLetter]]:
     """Up to ``count`` dead letters of ``queue`` from number ``start`` on, newest first, each with its number."""
     found = client.lrange(layout.dead_letters(queue), start, start + count - 1)
-    return entries.decode_each("dead letter", enumerate(found, start),
-                               lambda numbered: (numbered[0], DeadLetter.decode(numbered[1])))
+    return entries.decode_each(
+        "dead letter", enumerate(found, start), lambda numbered: (numbered[0], DeadLetter.decode(numbered[1]))
+    )
 
 
 def requeue(client: redis.Redis, layout: RedisLayout, queue: str, number: int | None = None) -> int:
     """Put dead letters back on their queue, to be taken next: one (``number``) or all of them.
     Returns how many went back (an entry another ``requeue`` or ``purge`` took meanwhile is skipped)."""
     dead = layout.dead_letters(queue)
-    found = entries.decode_each("dead letter", _entries(client, dead, queue, number),
-                                lambda entry: (entry, DeadLetter.decode(entry)))
+    found = entries.decode_each(
+        "dead letter", _entries(client, dead, queue, number), lambda entry: (entry, DeadLetter.decode(entry))
+    )
     moved = 0
     for entry, letter in found:
         moved += move_waiting(client, dead, layout.queue_lists(letter.queue)[0], entry, letter.raw)
@@ -84,6 +95,7 @@ def _entries(client: redis.Redis, dead: str, queue: str, number: int | None) -> 
         return list(reversed(client.lrange(dead, 0, -1)))  # oldest first: they go back in order
     entry = client.lindex(dead, number)
     if entry is None:
-        raise ConfigurationError(f"queue {queue!r} has no dead letter number {number} "
-                                 f"(it has {client.llen(dead)}, numbered from 0)")
+        raise ConfigurationError(
+            f"queue {queue!r} has no dead letter number {number} (it has {client.llen(dead)}, numbered from 0)"
+        )
     return [entry]

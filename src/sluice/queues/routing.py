@@ -29,8 +29,9 @@ class ComputeRouter:
         self._by_task: dict[str, str] = {}
         self._unknown: set[str] = set()
 
-    def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None,
-                 **_: Any) -> dict[str, Any]:
+    def __call__(
+        self, name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None, **_: Any
+    ) -> dict[str, Any]:
         explicit = getattr(options.get("queue"), "name", options.get("queue"))  # Celery may expand it to a Queue
         route = self._route(name, options, explicit)
         if explicit in (None, route["queue"]) and not options.get("exchange"):
@@ -57,7 +58,7 @@ class ComputeRouter:
         inherited, fallback = self._declared(name)
         if inherited is None:
             return {"queue": self._route_unknown(name)}
-        if inherited.auto_memory:   # learned: routed by the size of now, which travels with the message
+        if inherited.auto_memory:  # learned: routed by the size of now, which travels with the message
             return self._learned(name, self.app.resolve(name, inherited, fallback), options)
         queue = self.app.catalog.route(inherited, name).name
         if name in self.app.tasks:
@@ -92,8 +93,12 @@ class ComputeRouter:
         default = self.app.catalog.default_class.name
         if name not in self._unknown:
             self._unknown.add(name)
-            log.warning("task %s is not registered here nor by any worker in the task catalog; sending it to "
-                        "the default class %s (a worker that has it forwards it to the class it needs)", name, default)
+            log.warning(
+                "task %s is not registered here nor by any worker in the task catalog; sending it to "
+                "the default class %s (a worker that has it forwards it to the class it needs)",
+                name,
+                default,
+            )
         return default
 
     def _check_holds(self, name: str, compute: Compute | None, queue: str) -> None:
@@ -101,5 +106,7 @@ class ComputeRouter:
         if compute is None or compute.fits_in(slot):
             return
         holding = [rc.name for rc in self.app.catalog if compute.fits_in(rc.slot)]
-        raise NoQueueFits(f"task {name} needs {compute.describe()} but queue {queue!r} holds {slot.describe()}; "
-                          f"send it without queue= or to a class that holds it: {', '.join(holding) or 'none'}")
+        raise NoQueueFits(
+            f"task {name} needs {compute.describe()} but queue {queue!r} holds {slot.describe()}; "
+            f"send it without queue= or to a class that holds it: {', '.join(holding) or 'none'}"
+        )

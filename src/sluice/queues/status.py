@@ -28,8 +28,8 @@ class ClassStatus:
     reserved: int
     running: int
     slots: int
-    busy: tuple[str, ...]   #: hostnames of workers running something
-    idle: tuple[str, ...]   #: hostnames of online workers running nothing
+    busy: tuple[str, ...]  #: hostnames of workers running something
+    idle: tuple[str, ...]  #: hostnames of online workers running nothing
 
     @property
     def workers(self) -> int:
@@ -43,11 +43,17 @@ def class_status(client: redis.Redis, catalog: Catalog, layout: RedisLayout = Re
     rows = []
     for rc in catalog:
         serving = [b for b in beats if rc.name in b.classes]
-        rows.append(ClassStatus(
-            rc, layout.queue_depth(client, rc.name), reserved[rc.name], sum(len(b.running) for b in serving),
-            sum(b.slots for b in serving),
-            tuple(sorted(b.hostname for b in serving if b.running)),
-            tuple(sorted(b.hostname for b in serving if not b.running))))
+        rows.append(
+            ClassStatus(
+                rc,
+                layout.queue_depth(client, rc.name),
+                reserved[rc.name],
+                sum(len(b.running) for b in serving),
+                sum(b.slots for b in serving),
+                tuple(sorted(b.hostname for b in serving if b.running)),
+                tuple(sorted(b.hostname for b in serving if not b.running)),
+            )
+        )
     return rows
 
 
@@ -61,8 +67,9 @@ class IntakeStatus:
 
 
 def intake_status(client: redis.Redis, intake: str, layout: RedisLayout = RedisLayout()) -> IntakeStatus:
-    return IntakeStatus(intake, layout.queue_depth(client, intake),
-                        sum(intake in beat.queues for beat in read_heartbeats(client)))
+    return IntakeStatus(
+        intake, layout.queue_depth(client, intake), sum(intake in beat.queues for beat in read_heartbeats(client))
+    )
 
 
 def tasks_by_class(entries: Mapping[str, TaskEntry], catalog: Catalog) -> dict[str, list[str]]:
@@ -96,8 +103,9 @@ def message_compute(app: Any, message: Mapping[str, Any]) -> Compute:
     return app.resolve(name, entry.effective, entry.fallback)
 
 
-def demand(app: Any, client: redis.Redis, queue: str, layout: RedisLayout = RedisLayout(),
-           sample: int = 1000) -> tuple[int, int]:
+def demand(
+    app: Any, client: redis.Redis, queue: str, layout: RedisLayout = RedisLayout(), sample: int = 1000
+) -> tuple[int, int]:
     """Millicores and bytes that the messages waiting in ``queue`` and held from it need (for a
     packed class's autoscaling). Past ``sample`` waiting messages, their mean stands for the rest."""
     waiting = layout.waiting(client, queue, sample)

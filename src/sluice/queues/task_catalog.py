@@ -32,34 +32,55 @@ class TaskEntry:
     """One task as a worker registered it."""
 
     name: str
-    declared: Compute | None   #: the task's own ``compute=`` (None: the app default)
-    effective: Compute         #: declared axes over the publishing app's default (memory may be "auto")
+    declared: Compute | None  #: the task's own ``compute=`` (None: the app default)
+    effective: Compute  #: declared axes over the publishing app's default (memory may be "auto")
     retry: RetryPolicy | None
-    worker: str                #: the worker that published it last
-    at: float                  #: when (epoch seconds)
+    worker: str  #: the worker that published it last
+    at: float  #: when (epoch seconds)
     fallback: int | None = None  #: bytes a memory="auto" task runs with until learned (its app's default)
 
     def encode(self) -> str:
-        return json.dumps({"declared": self.declared.to_dict() if self.declared is not None else None,
-                           "effective": self.effective.to_dict(),
-                           "retry": self.retry.to_dict() if self.retry is not None else None,
-                           "worker": self.worker, "at": self.at, "fallback": self.fallback})
+        return json.dumps(
+            {
+                "declared": self.declared.to_dict() if self.declared is not None else None,
+                "effective": self.effective.to_dict(),
+                "retry": self.retry.to_dict() if self.retry is not None else None,
+                "worker": self.worker,
+                "at": self.at,
+                "fallback": self.fallback,
+            }
+        )
 
     @classmethod
     def decode(cls, name: str, raw: bytes | str) -> TaskEntry:
         data = entries.loads(raw)
-        return cls(name, Compute.from_dict(data["declared"]) if data.get("declared") else None,
-                   Compute.from_dict(data["effective"]), RetryPolicy.from_dict(data["retry"]) if data.get("retry")
-                   else None, str(data.get("worker") or "?"), float(data.get("at") or 0),
-                   int(data["fallback"]) if data.get("fallback") else None)
+        return cls(
+            name,
+            Compute.from_dict(data["declared"]) if data.get("declared") else None,
+            Compute.from_dict(data["effective"]),
+            RetryPolicy.from_dict(data["retry"]) if data.get("retry") else None,
+            str(data.get("worker") or "?"),
+            float(data.get("at") or 0),
+            int(data["fallback"]) if data.get("fallback") else None,
+        )
 
 
 def entries_of(app: Any, worker: str) -> list[TaskEntry]:
     """An app's tasks as catalog entries (Celery's built-in ``celery.*`` tasks left out)."""
     now = time.time()
-    return [TaskEntry(name, getattr(task, "compute", None), app.inherited_compute(name),
-                      getattr(task, "retry_policy", None), worker, now, app.fallback_memory)
-            for name, task in sorted(app.tasks.items()) if not name.startswith("celery.")]
+    return [
+        TaskEntry(
+            name,
+            getattr(task, "compute", None),
+            app.inherited_compute(name),
+            getattr(task, "retry_policy", None),
+            worker,
+            now,
+            app.fallback_memory,
+        )
+        for name, task in sorted(app.tasks.items())
+        if not name.startswith("celery.")
+    ]
 
 
 def publish(client: redis.Redis | Any, entries: list[TaskEntry]) -> None:
@@ -71,8 +92,11 @@ def publish(client: redis.Redis | Any, entries: list[TaskEntry]) -> None:
 
 def read(client: redis.Redis) -> dict[str, TaskEntry]:
     """Every entry, by task name; one that does not decode is left out (logged and counted)."""
-    found = entries.decode_each("task catalog entry", client.hgetall(keys.TASK_CATALOG).items(),
-                                lambda item: TaskEntry.decode(item[0].decode(), item[1]))
+    found = entries.decode_each(
+        "task catalog entry",
+        client.hgetall(keys.TASK_CATALOG).items(),
+        lambda item: TaskEntry.decode(item[0].decode(), item[1]),
+    )
     return {entry.name: entry for entry in found}
 
 

@@ -51,8 +51,13 @@ class ComputeTask(Task):
         """The declared compute with unset axes filled from the app's default compute."""
         return self.app.effective_compute(self.name)
 
-    def delay_many(self, items: Iterable[Any], kwargs: dict[str, Any] | None = None, chunk: int | None = None,
-                   progress: bool | None = None) -> BulkResult:
+    def delay_many(
+        self,
+        items: Iterable[Any],
+        kwargs: dict[str, Any] | None = None,
+        chunk: int | None = None,
+        progress: bool | None = None,
+    ) -> BulkResult:
         """One call per item (a tuple or list: its arguments; anything else: its one argument),
         published ``chunk`` (default 1000) at a time in one Redis round trip each; a lazy ``BulkResult`` back
         (``.get()`` in order, ``.as_completed()`` as they finish). See :mod:`sluice.tasks.bulk`."""
@@ -76,7 +81,9 @@ class ComputeTask(Task):
         instance = self.app.worker_instance
         if instance is None:
             return None
-        return ledger.ClaimWrite.of(request.id, attempt_of(request), self.app.node_name(request), instance, self.claim_ttl)
+        return ledger.ClaimWrite.of(
+            request.id, attempt_of(request), self.app.node_name(request), instance, self.claim_ttl
+        )
 
     @property
     def claim_ttl(self) -> int:
@@ -101,15 +108,20 @@ class ComputeTask(Task):
         # one id) is not run again: its stored outcome stands, and the caller's .get() returns it.
         # One GET, only when the task was claimed before (retries and redeliveries).
         if self.backend.get_state(request.id) in states.READY_STATES:
-            log.warning("task %s[%s] was delivered again after it finished; not running it again",
-                        self.name, request.id)
+            log.warning(
+                "task %s[%s] was delivered again after it finished; not running it again", self.name, request.id
+            )
             raise Ignore()
         if previous.attempt != number or previous.instance == instance:
             return
         if ledger.holder_running(self.app.redis, request.id, previous):
             ledger.put_back(self.app.redis, request.id, previous, ttl)
-            log.warning("task %s[%s] delivered again while %s still runs it; dropping the duplicate",
-                        self.name, request.id, previous.worker)
+            log.warning(
+                "task %s[%s] delivered again while %s still runs it; dropping the duplicate",
+                self.name,
+                request.id,
+                previous.worker,
+            )
             raise Ignore()
         detail = f"worker {previous.worker} died while running attempt {number}"
         self._end_attempt(request, Reason.WORKER_LOST, detail, WorkerLost(f"task {self.name}[{request.id}]: {detail}"))
@@ -128,5 +140,9 @@ class ComputeTask(Task):
         """In-process runs have no per-task envelope: say so once per task, then run."""
         if (self.compute is not None or self.retry_policy is not None) and not type(self)._warned_eager:
             type(self)._warned_eager = True
-            log.warning("%s runs in-process (eager): its compute %s and retry policy are not enforced here; "
-                        "they apply on workers", self.name, self.effective_compute.describe())
+            log.warning(
+                "%s runs in-process (eager): its compute %s and retry policy are not enforced here; "
+                "they apply on workers",
+                self.name,
+                self.effective_compute.describe(),
+            )

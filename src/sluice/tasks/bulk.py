@@ -83,8 +83,9 @@ class BulkResult(ResultSet):
             self._armed = True
         return super().iter_native(*args, **kwargs)
 
-    def as_completed(self, timeout: float | None = None, propagate: bool = True,
-                     progress: bool | None = None) -> Iterator[tuple[int, Any]]:
+    def as_completed(
+        self, timeout: float | None = None, propagate: bool = True, progress: bool | None = None
+    ) -> Iterator[tuple[int, Any]]:
         """``(index, value)`` of each call as it finishes (``index``: its place in the items),
         with a progress bar on a terminal. A failed call raises its exception when ``propagate``
         (else its exception is the value); ``timeout`` bounds the whole wait (Celery's
@@ -99,8 +100,13 @@ class BulkResult(ResultSet):
                 yield index[task_id], value
 
 
-def delay_many(task: Task, items: Iterable[Any], kwargs: dict[str, Any] | None = None, chunk: int | None = None,
-               progress: bool | None = None) -> BulkResult:
+def delay_many(
+    task: Task,
+    items: Iterable[Any],
+    kwargs: dict[str, Any] | None = None,
+    chunk: int | None = None,
+    progress: bool | None = None,
+) -> BulkResult:
     """Publish one call of ``task`` per item: a tuple or list item is the call's positional
     arguments, anything else its one argument; ``kwargs`` go to every call. Returns at once
     with a :class:`BulkResult`. If publishing stops midway (Redis lost, an argument that does
@@ -144,22 +150,41 @@ class _ChunkPublisher:
         request = worker_task.request if worker_task else None
         self.root_id = (request.root_id or request.id) if request else None
         built = self.app.amqp.create_task_message(
-            "", task.name, (), kwargs, reply_to=self.app.thread_oid, root_id=self.root_id,
-            parent_id=request.id if request else None, ignore_result=task.ignore_result,
-            create_sent_event=self.events.enabled)
+            "",
+            task.name,
+            (),
+            kwargs,
+            reply_to=self.app.thread_oid,
+            root_id=self.root_id,
+            parent_id=request.id if request else None,
+            ignore_result=task.ignore_result,
+            create_sent_event=self.events.enabled,
+        )
         self.sent_event = built.sent_event and {
-            **built.sent_event, "queue": self.queue, "exchange": "", "routing_key": self.queue}
+            **built.sent_event,
+            "queue": self.queue,
+            "exchange": "",
+            "routing_key": self.queue,
+        }
         self.kwargs, self.embed = kwargs, built.body[2]
         self.repr_size, self.repr_levels = self.app.amqp.argsrepr_maxsize, self.app.conf.task_repr_maxlevels
         self.encoder = MessageTemplate(self.channel, self.queue)
         slot = self.encoder.slot
         content_type, content_encoding, _ = serialize(((), kwargs, self.embed), self.serializer)
-        headers = {**built.headers, **(route.get("headers") or {}), "id": slot("id"),
-                   "root_id": self.root_id or slot("id"), "argsrepr": slot("argsrepr")}
+        headers = {
+            **built.headers,
+            **(route.get("headers") or {}),
+            "id": slot("id"),
+            "root_id": self.root_id or slot("id"),
+            "argsrepr": slot("argsrepr"),
+        }
         # the delivery mode Celery's send_task_message picks and kombu's Producer writes
         mode = getattr(getattr(route["queue"], "exchange", None), "delivery_mode", None)
-        properties = {**built.properties, "correlation_id": slot("id"),
-                      "delivery_mode": delivery_mode(mode or self.app.conf.task_default_delivery_mode)}
+        properties = {
+            **built.properties,
+            "correlation_id": slot("id"),
+            "delivery_mode": delivery_mode(mode or self.app.conf.task_default_delivery_mode),
+        }
         self.encoder.compile(self.channel.prepare_message("", 0, content_type, content_encoding, headers, properties))
 
     def publish(self, calls: list[tuple[Any, ...]], published: list[str]) -> list[str]:
@@ -181,8 +206,10 @@ class _ChunkPublisher:
                 batch.discard()
             raise SubmitInterrupted(
                 f"delay_many({self.task.name}) stopped after {len(published)} published calls "
-                f"({len(uncertain)} more may have been): {exc!r}", published=BulkResult(published, app=self.app),
-                uncertain=BulkResult(uncertain, app=self.app)) from exc
+                f"({len(uncertain)} more may have been): {exc!r}",
+                published=BulkResult(published, app=self.app),
+                uncertain=BulkResult(uncertain, app=self.app),
+            ) from exc
         finally:
             batch.close()
         return ids
@@ -222,9 +249,14 @@ def _needs_apply_async(task: Task, queue: Any) -> bool:
     signal receivers (they see each message), compression, a queue that expires (kombu sends
     more commands for it)."""
     conf = task.app.conf
-    return bool(conf.task_always_eager or signals.before_task_publish.receivers
-                or signals.after_task_publish.receivers or getattr(task, "compression", None) or conf.task_compression
-                or getattr(queue, "expires", None))
+    return bool(
+        conf.task_always_eager
+        or signals.before_task_publish.receivers
+        or signals.after_task_publish.receivers
+        or getattr(task, "compression", None)
+        or conf.task_compression
+        or getattr(queue, "expires", None)
+    )
 
 
 def _advanced(advance: Any, task_id: str) -> str:

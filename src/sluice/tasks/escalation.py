@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.escalation")
 
+
 @dataclass(frozen=True)
 class Attempt:
     """The attempt a message represents: its number, size, queue, retry policy and stickiness."""
@@ -33,16 +34,24 @@ class Attempt:
     compute: Compute
     queue: str
     policy: RetryPolicy | None
-    sticky: str | None = None   #: the home queue of a sticky message
+    sticky: str | None = None  #: the home queue of a sticky message
 
     @classmethod
     def of(cls, task: ComputeTask, request: Any, delivery_info: dict[str, Any] | None) -> Attempt:
         """Read from a request (or its ``request_dict``): its headers win over the task's options."""
         headers = Headers.read(request)
-        compute = (headers.compute.inherit(task.app.default_compute) if headers.compute is not None
-                   else task.app.effective_compute(task.name))
-        return cls(headers.attempt, compute, (delivery_info or {}).get("routing_key") or "?",
-                   headers.policy or task.retry_policy, headers.sticky)
+        compute = (
+            headers.compute.inherit(task.app.default_compute)
+            if headers.compute is not None
+            else task.app.effective_compute(task.name)
+        )
+        return cls(
+            headers.attempt,
+            compute,
+            (delivery_info or {}).get("routing_key") or "?",
+            headers.policy or task.retry_policy,
+            headers.sticky,
+        )
 
 
 def next_queue(task: ComputeTask, attempt: Attempt, compute: Compute, reason: Reason, worker: str) -> str | WorkerQueue:
@@ -58,8 +67,9 @@ def next_queue(task: ComputeTask, attempt: Attempt, compute: Compute, reason: Re
     return attempt.queue
 
 
-def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reason, detail: str,
-                worker: str) -> TaskFailed | None:
+def end_attempt(
+    task: ComputeTask, context: Any, attempt: Attempt, reason: Reason, detail: str, worker: str
+) -> TaskFailed | None:
     """Decide and act on an attempt that ended without a result.
 
     Returns :class:`AttemptFailed` after publishing the next attempt (store it as RETRY), a
@@ -76,14 +86,17 @@ def end_attempt(task: ComputeTask, context: Any, attempt: Attempt, reason: Reaso
         travelling = policy if policy is not task.retry_policy else None  # a per-message policy travels on
         inherited = {k: v for k, v in (context.headers or {}).items() if k != FORWARDED}  # a new attempt, a new trail
         headers = {**inherited, **Headers(attempt.number + 1, decision.compute, travelling, attempt.sticky).encode()}
-        task.signature_from_request(context, queue=target, headers=headers,
-                                    countdown=decision.countdown or None).apply_async()
+        task.signature_from_request(
+            context, queue=target, headers=headers, countdown=decision.countdown or None
+        ).apply_async()
         if decision.compute != attempt.compute:
             task.app.redis.incr(keys.stat("escalations", attempt.queue))
         total = policy.max_attempts if policy else 1
         where = target if isinstance(target, str) else f"worker {worker} (sticky)"
-        line = (f"task {task.name}[{context.id}] {history[-1].describe()}; retrying at "
-                f"{decision.compute.memory} on {where} (attempt {attempt.number + 1} of {total})")
+        line = (
+            f"task {task.name}[{context.id}] {history[-1].describe()}; retrying at "
+            f"{decision.compute.memory} on {where} (attempt {attempt.number + 1} of {total})"
+        )
         if decision.countdown:
             line += f" in {decision.countdown:.1f}s"
         log.warning(line)

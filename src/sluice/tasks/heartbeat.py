@@ -29,8 +29,8 @@ class WorkerBeat:
     queues: tuple[str, ...] = ()
     classes: tuple[str, ...] = ()
     slots: int = 0
-    running: tuple[str, ...] = ()   #: ids of the tasks running now
-    ts: float = 0.0                 #: when it was written (epoch seconds)
+    running: tuple[str, ...] = ()  #: ids of the tasks running now
+    ts: float = 0.0  #: when it was written (epoch seconds)
     extra: Mapping[str, Any] = field(default_factory=dict)  #: fields a capability adds (flat in the JSON)
 
     def encode(self) -> str:

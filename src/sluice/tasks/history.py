@@ -45,6 +45,13 @@ def attempts(result: AsyncResult) -> list[dict[str, Any]]:
     history = [record.encode() for record in read(result.app.redis, result.id)]
     if result.state == "SUCCESS":
         meta = result.backend.get_task_meta(result.id)
-        history.append({"attempt": len(history) + 1, "queue": meta.get("queue"), "compute": meta.get("compute"),
-                        "reason": "succeeded", "worker": meta.get("worker")})
+        history.append(
+            {
+                "attempt": len(history) + 1,
+                "queue": meta.get("queue"),
+                "compute": meta.get("compute"),
+                "reason": "succeeded",
+                "worker": meta.get("worker"),
+            }
+        )
     return history

@@ -32,9 +32,11 @@ class MemoryKill:
 
     @property
     def message(self) -> str:
-        return (f"task {self.task}[{self.task_id}] killed for memory at {self.rss} bytes "
-                f"({format_size(self.rss)}) over its limit of {self.limit} bytes ({format_size(self.limit)}) "
-                f"on class {self.resource_class} (worker {self.worker})")
+        return (
+            f"task {self.task}[{self.task_id}] killed for memory at {self.rss} bytes "
+            f"({format_size(self.rss)}) over its limit of {self.limit} bytes ({format_size(self.limit)}) "
+            f"on class {self.resource_class} (worker {self.worker})"
+        )
 
     def encode(self) -> str:
         """JSON: the fields and the message (for a person reading the key)."""

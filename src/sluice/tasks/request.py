@@ -42,11 +42,14 @@ class ComputeRequest(Request):
                 return self._retried(outcome)
         except Exception as hook_error:  # sluice's own code: fail the task visibly, never leave it unacknowledged
             log.exception("task %s[%s]: could not decide its retry after %s", self.task.name, self.id, exc)
-            outcome = WorkerLost(f"{exc}; sluice could not decide a retry ({type(hook_error).__name__}: "
-                                 f"{hook_error}), so the task failed")
+            outcome = WorkerLost(
+                f"{exc}; sluice could not decide a retry ({type(hook_error).__name__}: "
+                f"{hook_error}), so the task failed"
+            )
             error = exc
-        return super().on_failure(_exception_info(outcome or error, exc), send_failed_event=send_failed_event,
-                                  return_ok=return_ok)
+        return super().on_failure(
+            _exception_info(outcome or error, exc), send_failed_event=send_failed_event, return_ok=return_ok
+        )
 
     def _why_lost(self, exc: WorkerLostError) -> tuple[Reason, str, BaseException]:
         kill = memory_kill.read(self.task.app.redis, self.id)

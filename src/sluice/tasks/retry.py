@@ -20,20 +20,20 @@ from sluice.units import format_memory, parse_memory, real_number
 class RetryOn(enum.Enum):
     """Which failures a policy retries."""
 
-    NEVER = "never"          #: nothing
-    OOM = "oom"              #: memory kills only (watchdog, SIGKILL, a worker that died mid-task)
+    NEVER = "never"  #: nothing
+    OOM = "oom"  #: memory kills only (watchdog, SIGKILL, a worker that died mid-task)
     TRANSIENT = "transient"  #: memory kills, lost workers and transient exceptions; never business errors
-    ANY = "any"              #: every failure, business exceptions included
+    ANY = "any"  #: every failure, business exceptions included
 
 
 class Reason(enum.Enum):
     """Why an attempt ended without a result."""
 
-    MEMORY = "memory"            #: the watchdog killed it, or something sent SIGKILL (kernel OOM killer)
+    MEMORY = "memory"  #: the watchdog killed it, or something sent SIGKILL (kernel OOM killer)
     WORKER_LOST = "worker lost"  #: the whole worker died mid-task (an OOMKilled pod)
-    LOST = "lost"                #: the pool process exited some other way
-    TRANSIENT = "transient"      #: a transient exception (connection error, timeout, sluice.Transient)
-    ERROR = "error"              #: any other exception: a business failure
+    LOST = "lost"  #: the pool process exited some other way
+    TRANSIENT = "transient"  #: a transient exception (connection error, timeout, sluice.Transient)
+    ERROR = "error"  #: any other exception: a business failure
 
     @property
     def memory_like(self) -> bool:
@@ -94,7 +94,8 @@ class Backoff:
         if self.maximum < self.initial:
             raise ConfigurationError(
                 f"Backoff(initial={self.initial}, factor={self.factor}, maximum={self.maximum}) needs "
-                "initial >= 0, factor >= 1 and maximum >= initial")
+                "initial >= 0, factor >= 1 and maximum >= initial"
+            )
 
     def delay(self, retry: int) -> float:
         try:
@@ -122,7 +123,9 @@ class RetryPolicy:
             raise ConfigurationError(f"RetryPolicy max_retries={self.max_retries!r} must be a whole number >= 0")
         if not isinstance(self.retry_on, RetryOn):
             raise ConfigurationError(
-                f"RetryPolicy retry_on={self.retry_on!r} must be one of {', '.join(f'RetryOn.{r.name}' for r in RetryOn)}")
+                f"RetryPolicy retry_on={self.retry_on!r} must be one of "
+                f"{', '.join(f'RetryOn.{r.name}' for r in RetryOn)}"
+            )
         if self.escalate is not None and not isinstance(self.escalate, ComputeEscalation):
             raise ConfigurationError(f"RetryPolicy escalate={self.escalate!r} must be a ComputeEscalation")
         if not isinstance(self.backoff, Backoff):
@@ -145,17 +148,28 @@ class RetryPolicy:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form, for a policy that travels with a message (asset steps)."""
         escalate = self.escalate
-        return {"max_retries": self.max_retries, "retry_on": self.retry_on.value,
-                "escalate": None if escalate is None else {"factor": escalate.factor,
-                                                           "max_memory": escalate.max_memory_bytes},
-                "backoff": {"initial": self.backoff.initial, "factor": self.backoff.factor,
-                            "maximum": self.backoff.maximum}}
+        return {
+            "max_retries": self.max_retries,
+            "retry_on": self.retry_on.value,
+            "escalate": None
+            if escalate is None
+            else {"factor": escalate.factor, "max_memory": escalate.max_memory_bytes},
+            "backoff": {
+                "initial": self.backoff.initial,
+                "factor": self.backoff.factor,
+                "maximum": self.backoff.maximum,
+            },
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RetryPolicy:
         escalate = data.get("escalate")
-        return cls(max_retries=data["max_retries"], retry_on=RetryOn(data["retry_on"]),
-                   escalate=ComputeEscalation(**escalate) if escalate else None, backoff=Backoff(**data["backoff"]))
+        return cls(
+            max_retries=data["max_retries"],
+            retry_on=RetryOn(data["retry_on"]),
+            escalate=ComputeEscalation(**escalate) if escalate else None,
+            backoff=Backoff(**data["backoff"]),
+        )
 
     def check(self, compute: Compute, catalog: Catalog, task_name: str) -> None:
         """Declaration-time checks against the task's effective compute and the catalog."""
@@ -165,7 +179,8 @@ class RetryPolicy:
         if compute.memory_bytes is not None and ceiling < compute.memory_bytes:
             raise ConfigurationError(
                 f"{task_name}: escalation max_memory={format_memory(ceiling)} is below the task's memory "
-                f"{compute.memory}; it must be at least that")
+                f"{compute.memory}; it must be at least that"
+            )
         catalog.route(compute.replace(memory_bytes=ceiling), f"{task_name} escalated to max_memory")
 
 
@@ -208,8 +223,14 @@ class AttemptRecord:
 
     def encode(self) -> dict[str, Any]:
         """JSON-safe form (what callers read)."""
-        return {"attempt": self.attempt, "queue": self.queue, "compute": self.compute.to_dict(),
-                "reason": self.reason.value, "detail": self.detail, "worker": self.worker}
+        return {
+            "attempt": self.attempt,
+            "queue": self.queue,
+            "compute": self.compute.to_dict(),
+            "reason": self.reason.value,
+            "detail": self.detail,
+            "worker": self.worker,
+        }
 
     @classmethod
     def decode(cls, data: Any) -> AttemptRecord:
@@ -223,8 +244,14 @@ class AttemptRecord:
         for name, value in text.items():
             if not isinstance(value, str):
                 raise TypeError(f"an attempt record's {name} is a string, not {value!r:.40}")
-        return cls(attempt, text["queue"], Compute.from_dict(data["compute"]), Reason(data["reason"]),
-                   text["detail"], text["worker"])
+        return cls(
+            attempt,
+            text["queue"],
+            Compute.from_dict(data["compute"]),
+            Reason(data["reason"]),
+            text["detail"],
+            text["worker"],
+        )
 
     def describe(self) -> str:
         """``killed for memory at 8Gi on cpu`` / ``worker lost at 8Gi on cpu`` / ``transient: ... on cpu``."""

@@ -51,8 +51,9 @@ class Verdict:
 RUN = Verdict()
 
 
-def decide(name: str, compute: Compute, source: str, catalog: Catalog, intake: str,
-           trail: tuple[str, ...] = ()) -> Verdict:
+def decide(
+    name: str, compute: Compute, source: str, catalog: Catalog, intake: str, trail: tuple[str, ...] = ()
+) -> Verdict:
     """What to do with a message of task ``name`` that came from queue ``source``; ``trail``:
     the queues it was forwarded from before."""
     if source != intake and (source not in catalog or compute.fits_in(catalog.get(source).slot)):
@@ -62,9 +63,13 @@ def decide(name: str, compute: Compute, source: str, catalog: Catalog, intake: s
     except NoQueueFits as exc:
         return Verdict(error=exc)
     if target in trail:
-        return Verdict(error=NoQueueFits(
-            f"task {name} with {compute.describe()} was forwarded in a loop ({' -> '.join((*trail, source, target))}); "
-            "the workers' resource class settings disagree"))
+        return Verdict(
+            error=NoQueueFits(
+                f"task {name} with {compute.describe()} was forwarded in a loop "
+                f"({' -> '.join((*trail, source, target))}); "
+                "the workers' resource class settings disagree"
+            )
+        )
     return Verdict(forward_to=target)
 
 
@@ -111,8 +116,8 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     """``ComputeTask.Strategy``: Celery's message handler for ``task``, behind admission."""
     handle = celery_strategy(task, app, consumer, **kwargs)
     catalog, intake = app.catalog, app.settings.intake_queue
-    packing = consumer.controller.sluice.packing   # a packed worker's room (None: fixed slots)
-    inherited = app.inherited_compute(task.name)     # "auto" memory is resolved per message (from a cache)
+    packing = consumer.controller.sluice.packing  # a packed worker's room (None: fixed slots)
+    inherited = app.inherited_compute(task.name)  # "auto" memory is resolved per message (from a cache)
 
     def admit(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **options: Any) -> Any:
         source = source_queue(message)
@@ -123,9 +128,13 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
         compute = app.resolve(task.name, declared)
         verdict = decide(task.name, compute, source, catalog, intake, headers.forwarded)
         if verdict is RUN:
-            if packing is not None and source == packing.queue and not (message.headers or {}).get("eta") \
-                    and not packing.admit(message, task.name, compute):
-                return None   # put back (see sluice.workers.packing)
+            if (
+                packing is not None
+                and source == packing.queue
+                and not (message.headers or {}).get("eta")
+                and not packing.admit(message, task.name, compute)
+            ):
+                return None  # put back (see sluice.workers.packing)
             return handle(message, body, ack, reject, callbacks, **options)
         try:
             if verdict.forward_to is not None:
@@ -135,7 +144,9 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
             raise
         except Exception as exc:  # sluice's own code: keep the message as a dead letter, never stop the worker
             log.exception("task %s: could not act on admission's verdict %s", task.name, verdict)
-            raise InvalidTaskError(f"sluice could not forward or fail this message: {type(exc).__name__}: {exc}") from exc
+            raise InvalidTaskError(
+                f"sluice could not forward or fail this message: {type(exc).__name__}: {exc}"
+            ) from exc
 
     return admit
 
@@ -150,6 +161,8 @@ def queue_refusal(step: Any, queue: str) -> str | None:
     if wanted.is_gpu and not step.allow_no_gpu and gpu_count() == 0:
         return f"class {queue} needs a GPU and this machine has none"
     if step.classes and not any(wanted.slot.fits_in(own.slot) for own in step.classes):
-        return (f"class {queue} has slots of {wanted.slot.describe()}, bigger than this worker's "
-                f"({'; '.join(own.describe() for own in step.classes)})")
+        return (
+            f"class {queue} has slots of {wanted.slot.describe()}, bigger than this worker's "
+            f"({'; '.join(own.describe() for own in step.classes)})"
+        )
     return None

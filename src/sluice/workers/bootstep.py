@@ -57,14 +57,17 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
             raise GpuUnavailable(
                 f"this worker was asked to consume gpu class(es) {', '.join(gpu_classes)} but no GPU is "
                 "visible (nvidia-smi found none; SLUICE_GPU_COUNT unset or 0). Run it on a GPU node, "
-                "or pass --allow-no-gpu for development")
+                "or pass --allow-no-gpu for development"
+            )
         if len(self.classes) == 1 and not kwargs.get("concurrency") and not kwargs.get("autoscale"):
             worker.concurrency = worker.min_concurrency = self.classes[0].slots
         self.allow_no_gpu = allow_no_gpu
         packed = [rc for rc in self.classes if rc.pack]
         self.packing = Packing(packed[0]) if packed and len(self.classes) == 1 else None
         if packed and len(self.classes) > 1:
-            log.warning("packed class %s served beside other classes: its tasks run in fixed slots here", packed[0].name)
+            log.warning(
+                "packed class %s served beside other classes: its tasks run in fixed slots here", packed[0].name
+            )
         self.intake = self.app.settings.intake_queue
         self.app.amqp.queues.select_add(self.intake)  # every worker drains the intake (see workers/admission)
         self._limits: dict[str, Watched] = {}
@@ -81,19 +84,34 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         client, settings = self.app.redis, self.app.settings
         self.threads = [
-            Heartbeat(client, worker.hostname, lambda: self._payload(worker), settings.heartbeat_interval,
-                      also=functools.partial(task_catalog.publish, entries=task_catalog.entries_of(
-                          self.app, worker.hostname))),
-            MemoryWatchdog(self._running, client, worker.hostname, settings.watchdog_interval,
-                           on_dead=lambda: self._pool_process_died(worker)),
+            Heartbeat(
+                client,
+                worker.hostname,
+                lambda: self._payload(worker),
+                settings.heartbeat_interval,
+                also=functools.partial(
+                    task_catalog.publish, entries=task_catalog.entries_of(self.app, worker.hostname)
+                ),
+            ),
+            MemoryWatchdog(
+                self._running,
+                client,
+                worker.hostname,
+                settings.watchdog_interval,
+                on_dead=lambda: self._pool_process_died(worker),
+            ),
             OrphanReaper(self.app, client, self.instance, settings.reaper_interval, settings.orphan_grace),
         ]
         for thread in self.threads:
             thread.start()
         signals.worker_shutdown.connect(self._drained, sender=worker, weak=False)
-        log.info("sluice worker %s serving %s with %d slot(s); memory watchdog every %.0f ms",
-                 worker.hostname, ", ".join(rc.describe() for rc in self.classes) or ", ".join(self.queues),
-                 worker.concurrency, self.app.settings.watchdog_interval * 1000)
+        log.info(
+            "sluice worker %s serving %s with %d slot(s); memory watchdog every %.0f ms",
+            worker.hostname,
+            ", ".join(rc.describe() for rc in self.classes) or ", ".join(self.queues),
+            worker.concurrency,
+            self.app.settings.watchdog_interval * 1000,
+        )
 
     def stop(self, worker: Any) -> None:
         """Warm shutdown. Celery stops this step before the pool, whose own stop waits for the
@@ -137,9 +155,16 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
         extra: dict[str, Any] = {}
         for fields in self._heartbeat_fields:
             extra.update(fields())
-        return WorkerBeat(worker.hostname, self.instance, os.getpid(), tuple(self.queues),
-                          tuple(rc.name for rc in self.classes), worker.concurrency,
-                          tuple(req.id for req in _active_requests()), extra=extra)
+        return WorkerBeat(
+            worker.hostname,
+            self.instance,
+            os.getpid(),
+            tuple(self.queues),
+            tuple(rc.name for rc in self.classes),
+            worker.concurrency,
+            tuple(req.id for req in _active_requests()),
+            extra=extra,
+        )
 
     def _running(self) -> list[Watched]:
         """The busy pool processes and each one's memory limit (computed once per task)."""

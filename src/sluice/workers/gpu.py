@@ -37,8 +37,13 @@ def gpu_memory() -> int | None:
     if smi is None:
         return None
     try:
-        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=False).stdout
+        out = subprocess.run(
+            [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     sizes = [int(line.strip()) << 20 for line in out.splitlines() if line.strip().isdigit()]  # MiB

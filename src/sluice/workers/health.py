@@ -18,9 +18,9 @@ class Health(enum.IntEnum):
     """Exit codes of ``sluice check`` (0 is healthy; 2 is click's usage error)."""
 
     OK = 0
-    NO_HEARTBEAT = 3      #: the worker never beat, or its key expired (dead, or not started yet)
-    STALE_HEARTBEAT = 4   #: the key exists but has not been refreshed for three intervals
-    BROKER_DOWN = 5       #: Redis could not be reached to ask
+    NO_HEARTBEAT = 3  #: the worker never beat, or its key expired (dead, or not started yet)
+    STALE_HEARTBEAT = 4  #: the key exists but has not been refreshed for three intervals
+    BROKER_DOWN = 5  #: Redis could not be reached to ask
 
 
 def check_worker(client: redis.Redis, hostname: str, interval: float) -> tuple[Health, str]:

@@ -26,8 +26,15 @@ class Heartbeat(Periodic):
     TTL_BEATS = 5
     tick_first = True
 
-    def __init__(self, client: redis.Redis, hostname: str, payload: Callable[[], WorkerBeat],
-                 interval: float = 2.0, also: Callable[[Any], None] | None = None, also_every: int = 15) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        hostname: str,
+        payload: Callable[[], WorkerBeat],
+        interval: float = 2.0,
+        also: Callable[[Any], None] | None = None,
+        also_every: int = 15,
+    ) -> None:
         """``also(pipeline)`` adds writes to the first beat and every ``also_every``-th after it
         (the task catalog), in the same round trip."""
         super().__init__("sluice-heartbeat", interval)

@@ -48,10 +48,10 @@ class Packing:
         self.queue = resource_class.name
         self.size = resource_class.slot
         self._computes: dict[str, Compute] = {}
-        self._depth: int | None = 0          #: what to fetch next: nothing (None), the head (0), deeper
-        self._running_then: frozenset[str] = frozenset()   #: the tasks running when a fetch was put off
-        self._head: str | None = None        #: the delivery tag of the head message without room
-        self._passes = 0                     #: messages started past that head
+        self._depth: int | None = 0  #: what to fetch next: nothing (None), the head (0), deeper
+        self._running_then: frozenset[str] = frozenset()  #: the tasks running when a fetch was put off
+        self._head: str | None = None  #: the delivery tag of the head message without room
+        self._passes = 0  #: messages started past that head
 
     def used(self) -> tuple[int, int, int]:
         """Millicores, bytes and gpus of every request the worker holds (reserved or running)."""
@@ -63,7 +63,9 @@ class Packing:
         for req in requests:
             compute = self._computes.get(req.id)
             if compute is None:
-                compute = self._computes[req.id] = Attempt.of(req.task, req.request_dict or {}, req.delivery_info).compute
+                compute = self._computes[req.id] = Attempt.of(
+                    req.task, req.request_dict or {}, req.delivery_info
+                ).compute
             millicores += compute.millicores or 0
             memory += compute.memory_bytes or 0
             gpus += compute.gpus
@@ -72,9 +74,11 @@ class Packing:
     def fits(self, compute: Compute) -> bool:
         """Would ``compute`` fit beside what runs now, on every axis?"""
         millicores, memory, gpus = self.used()
-        return (millicores + (compute.millicores or 0) <= (self.size.millicores or 0)
-                and memory + (compute.memory_bytes or 0) <= (self.size.memory_bytes or 0)
-                and gpus + compute.gpus <= self.size.gpus)
+        return (
+            millicores + (compute.millicores or 0) <= (self.size.millicores or 0)
+            and memory + (compute.memory_bytes or 0) <= (self.size.memory_bytes or 0)
+            and gpus + compute.gpus <= self.size.gpus
+        )
 
     def admit(self, message: Any, name: str, compute: Compute) -> bool:
         """Whether to start ``message`` (from this class's queue) now; if not, it is put back
@@ -82,22 +86,29 @@ class Packing:
         depth = fetch_depth(message)
         if self.fits(compute):
             if depth == 0:
-                self._head, self._passes = None, 0     # the head starts: backfill may pass the next
+                self._head, self._passes = None, 0  # the head starts: backfill may pass the next
             else:
                 self._passes += 1
                 if self._passes >= self.resource_class.slots:
                     self._wait_for_an_end()
             return True
         forward(message, self.queue, dict(message.headers or {}), put_back=depth)
-        install_gate(message, self)   # its channel's fetches now follow depth()
+        install_gate(message, self)  # its channel's fetches now follow depth()
         if depth == 0 and message.delivery_tag != self._head:
             self._head, self._passes = message.delivery_tag, 0
         if depth + 1 < MAX_DEPTH and self._passes < self.resource_class.slots:
             self._depth, self._running_then = depth + 1, self._running()
         else:
             self._wait_for_an_end()
-        log.debug("no room for task %s (%s) on %s: put back %d deep on %s; next fetch: %s", name,
-                  compute.describe(), self.size.describe(), depth, self.queue, self._depth)
+        log.debug(
+            "no room for task %s (%s) on %s: put back %d deep on %s; next fetch: %s",
+            name,
+            compute.describe(),
+            self.size.describe(),
+            depth,
+            self.queue,
+            self._depth,
+        )
         return False
 
     def depth(self) -> int | None:

@@ -98,15 +98,19 @@ class OrphanReaper(Periodic):
         for queue, alive, waiting in zip(queues, replies[::2], replies[1::2]):
             if alive or not waiting:
                 continue
-            for raw, message, home in entries.decode_each("waiting message", self.client.lrange(queue, 0, -1),
-                                                          _rehomed):
+            for raw, message, home in entries.decode_each(
+                "waiting message", self.client.lrange(queue, 0, -1), _rehomed
+            ):
                 if not home:
                     continue
                 if move_waiting(self.client, queue, home, raw, json.dumps(message)):
                     moved.append(str(message["headers"].get("id", "?")))
         if moved:
-            log.warning("moved %d message(s) from dead workers' own queues to their home queues: %s",
-                        len(moved), ", ".join(moved))
+            log.warning(
+                "moved %d message(s) from dead workers' own queues to their home queues: %s",
+                len(moved),
+                ", ".join(moved),
+            )
         return moved
 
     def _orphaned(self, held: Held, now: float) -> bool:

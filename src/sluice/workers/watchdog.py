@@ -117,9 +117,15 @@ class MemoryWatchdog(Periodic):
     periodic check.
     """
 
-    def __init__(self, running: Callable[[], Iterable[Watched]], client: redis.Redis, hostname: str,
-                 interval: float = 0.05, tree_refresh: float = 0.5,
-                 on_dead: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        running: Callable[[], Iterable[Watched]],
+        client: redis.Redis,
+        hostname: str,
+        interval: float = 0.05,
+        tree_refresh: float = 0.5,
+        on_dead: Callable[[], None] = lambda: None,
+    ) -> None:
         super().__init__("sluice-memory-watchdog", interval)
         self.running = running
         self.client = client
@@ -130,8 +136,8 @@ class MemoryWatchdog(Periodic):
         self._trees: dict[int, ProcessTree] = {}
         self._first_seen: dict[str, float] = {}
         self._reported: set[int] = set()
-        self._peaks: dict[str, tuple[str, int]] = {}   #: task id -> (task name, highest rss seen)
-        self._killed: set[tuple[str, int]] = set()       #: (task id, pid) killed here: its run is observed
+        self._peaks: dict[str, tuple[str, int]] = {}  #: task id -> (task name, highest rss seen)
+        self._killed: set[tuple[str, int]] = set()  #: (task id, pid) killed here: its run is observed
 
     def tick(self) -> list[MemoryKill]:
         return self.check_once()
@@ -202,8 +208,9 @@ class MemoryWatchdog(Periodic):
             self.on_dead()
 
     def _kill(self, item: Watched, process: psutil.Process, rss: int) -> MemoryKill:
-        kill = MemoryKill(item.task_id, item.task, rss, item.limit, item.resource_class, self.hostname, item.pid,
-                          time.time())
+        kill = MemoryKill(
+            item.task_id, item.task, rss, item.limit, item.resource_class, self.hostname, item.pid, time.time()
+        )
         pipe = self.client.pipeline()
         kill.store(pipe)
         pipe.incr(keys.stat("memory_kills", item.resource_class))
@@ -215,5 +222,3 @@ class MemoryWatchdog(Periodic):
         kill_tree(process)
         self._trees.pop(item.pid, None)
         return kill
-
-

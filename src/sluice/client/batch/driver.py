@@ -33,6 +33,7 @@ from sluice.client.batch.sink import Sink
 from sluice.compute import Compute
 from sluice.headers import Headers
 from sluice.keys import RunPart
+from sluice.queues.broker.layout import RedisLayout, task_states
 from sluice.tasks.batch import RUN_CHUNK_TASK
 from sluice.tasks.batch.records import (
     CANCELLED,
@@ -44,7 +45,6 @@ from sluice.tasks.batch.records import (
     decode,
     encode,
 )
-from sluice.queues.broker.layout import RedisLayout, task_states
 from sluice.tasks.batch.taskfile import TaskFile
 from sluice.tasks.retry import RetryOn, RetryPolicy
 
@@ -56,9 +56,17 @@ class Driver:
     #: a failed chunk's records, which its worker writes just after storing the failure.
     ended_grace = 5.0
 
-    def __init__(self, app: App, task_file: TaskFile, sink: Sink, settings: RunSettings, slots: int,
-                 on_record: Callable[[Record], None] = lambda record: None,
-                 on_progress: Callable[[Progress], None] = lambda progress: None, secret: str | None = None) -> None:
+    def __init__(
+        self,
+        app: App,
+        task_file: TaskFile,
+        sink: Sink,
+        settings: RunSettings,
+        slots: int,
+        on_record: Callable[[Record], None] = lambda record: None,
+        on_progress: Callable[[Progress], None] = lambda progress: None,
+        secret: str | None = None,
+    ) -> None:
         """``secret`` signs the task file workers load (default: the app's, as remote calls use)."""
         self.app, self.task_file, self.sink, self.settings = app, task_file, sink, settings
         self.secret = secret or app.settings.signing_secret()
@@ -72,17 +80,17 @@ class Driver:
         self.lost_chunks = recovery.LostChunks(self.client, self.layout, settings.queue)
         self.lost_inherited = recovery.LostInherited(self.client, self.layout, settings.queue, settings.run_id)
         self._inherited_items: dict[str, dict[str, Any]] = {}  # inherited ids' items, as plan() yielded them
-        self.chunks: dict[str, list[str]] = {}           # chunk task id -> item ids without a record yet
-        self.waiting: set[str] = set()                   # ids in flight (this driver's or an earlier one's)
-        self.inherited: set[str] = set()                 # ids an earlier driver of this run dispatched
-        self.claimed: set[str] = set()                   # ids taken from plan(), not yet published
-        self.item_seconds: float | None = None           # moving average of execute() time (None: unknown)
+        self.chunks: dict[str, list[str]] = {}  # chunk task id -> item ids without a record yet
+        self.waiting: set[str] = set()  # ids in flight (this driver's or an earlier one's)
+        self.inherited: set[str] = set()  # ids an earlier driver of this run dispatched
+        self.claimed: set[str] = set()  # ids taken from plan(), not yet published
+        self.item_seconds: float | None = None  # moving average of execute() time (None: unknown)
         self.stopping = False
         self._items: dict[str, list[dict[str, Any]]] = {}  # chunk id -> its items, to resend a lost chunk
-        self._sunk_ok: set[str] = set()                  # ids whose success is in the sink, their chunk not ended
+        self._sunk_ok: set[str] = set()  # ids whose success is in the sink, their chunk not ended
         self._last_checkpoint = 0.0
         self._last_poll = 0.0
-        self._ended_at: dict[str, float] = {}            # chunk id -> when it was first seen ended with ids awaited
+        self._ended_at: dict[str, float] = {}  # chunk id -> when it was first seen ended with ids awaited
 
     def key(self, part: RunPart) -> str:
         return keys.run(self.settings.run_id, part)
@@ -148,7 +156,7 @@ class Driver:
             if not batch:
                 return
             known = self.client.smismember(self.key(RunPart.SKIP), [item["id"] for item in batch])
-            fresh: set[str] = set()   # the SMISMEMBER answer is stale for ids yielded from this batch
+            fresh: set[str] = set()  # the SMISMEMBER answer is stale for ids yielded from this batch
             for item, was_known in zip(batch, known):
                 item_id = item["id"]
                 if not was_known and item_id not in self.claimed and item_id not in fresh:
@@ -156,7 +164,7 @@ class Driver:
                     fresh.add(item_id)
                     yield item
                 elif item_id in self.inherited:
-                    self.inherited.discard(item_id)      # dispatched by an earlier driver: await it
+                    self.inherited.discard(item_id)  # dispatched by an earlier driver: await it
                     self._inherited_items[item_id] = item
                 elif item_id not in seen_twice:
                     seen_twice.add(item_id)
@@ -185,12 +193,19 @@ class Driver:
 
     def _dispatch(self, batch: list[dict[str, Any]]) -> None:
         compute = (self.task_file.compute or Compute()).inherit(self.app.default_compute)
-        policy = (RetryPolicy(max_retries=self.settings.retries, retry_on=RetryOn.TRANSIENT)
-                  if self.settings.retries else None)
+        policy = (
+            RetryPolicy(max_retries=self.settings.retries, retry_on=RetryOn.TRANSIENT)
+            if self.settings.retries
+            else None
+        )
         headers = Headers(compute=compute, policy=policy, sticky=self.settings.queue).encode()
         result = self.app.tasks[RUN_CHUNK_TASK].apply_async(
-            args=(self.settings.run_id, batch), queue=self.settings.queue, headers=headers,
-            argsrepr=f"({self.settings.run_id!r}, <{len(batch)} items>)", kwargsrepr="{}")
+            args=(self.settings.run_id, batch),
+            queue=self.settings.queue,
+            headers=headers,
+            argsrepr=f"({self.settings.run_id!r}, <{len(batch)} items>)",
+            kwargsrepr="{}",
+        )
         ids = [item["id"] for item in batch]
         # after the publish: a crash in between may dispatch these ids again on resume (the result
         # cache keeps that from computing anything twice); before it, a crash would lose them
@@ -256,8 +271,13 @@ class Driver:
             if state in (states.RETRY, states.FAILURE):
                 self.quarantine.observe(chunk_id)
         self._forget_successes(ended)
-        self._give_up_on_ended([i for i, state in zip(ids, chunk_states) if state in states.READY_STATES
-                                and any(item in self.waiting for item in self.chunks.get(i, ()))])
+        self._give_up_on_ended(
+            [
+                i
+                for i, state in zip(ids, chunk_states)
+                if state in states.READY_STATES and any(item in self.waiting for item in self.chunks.get(i, ()))
+            ]
+        )
         unstarted = {i for i, state in zip(ids, chunk_states) if state is None and i in self.chunks}
         for chunk_id in self.lost_chunks.lost(unstarted):
             ids_left = [i for i in self.chunks.pop(chunk_id) if i in self.waiting]
@@ -275,9 +295,21 @@ class Driver:
         due = [c for c, at in self._ended_at.items() if now - at >= self.ended_grace]
         if not due or self.client.llen(self.key(RunPart.READY)):
             return
-        lines = [encode(Failure(i, LOST, "RecordUnreadable", f"chunk {c} ended, but no readable record of this "
-                                "item reached the driver (see its log); --resume runs it again", chunk=c))
-                 for c in due for i in self.chunks[c] if i in self.waiting]
+        lines = [
+            encode(
+                Failure(
+                    i,
+                    LOST,
+                    "RecordUnreadable",
+                    f"chunk {c} ended, but no readable record of this "
+                    "item reached the driver (see its log); --resume runs it again",
+                    chunk=c,
+                )
+            )
+            for c in due
+            for i in self.chunks[c]
+            if i in self.waiting
+        ]
         self.write(lines)
 
     def _forget_successes(self, ids: list[str]) -> None:

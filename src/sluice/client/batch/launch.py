@@ -55,8 +55,9 @@ class RunOptions:
     quarantine_after: int
 
 
-def run_task_file(tf: TaskFile, options: RunOptions, sink: Path | None, broker: str | None, run_id: str | None,
-                  keep: bool, traj: bool) -> int:
+def run_task_file(
+    tf: TaskFile, options: RunOptions, sink: Path | None, broker: str | None, run_id: str | None, keep: bool, traj: bool
+) -> int:
     """A run of ``tf``'s items on workers, into ``sink`` (default: the run's own directory), on
     ``broker`` (default: the configured one, else a Redis of the run's own); returns the exit code.
     Under torchrun, rank 0 drives the run and every other rank serves it with local workers."""
@@ -67,40 +68,48 @@ def run_task_file(tf: TaskFile, options: RunOptions, sink: Path | None, broker: 
     if ranks is not None and ranks.world_size > 1:
         options = replace(options, workers=options.workers or 1)  # under torchrun every rank runs local workers
         if not ranks.drives:
-            return _serve_rank(ranks, broker or settings.broker_url, options.workers or 1, options.per_worker,
-                               options.python, settings)
+            return _serve_rank(
+                ranks, broker or settings.broker_url, options.workers or 1, options.per_worker, options.python, settings
+            )
     else:
         ranks = None
     url = broker or settings.broker_url
     if url is None and options.workers is None:
         options = replace(options, workers=1)
-    secret = run_secret(settings, options.workers is not None,
-                        meet_through_redis=ranks is not None and url is not None)
+    secret = run_secret(settings, options.workers is not None, meet_through_redis=ranks is not None and url is not None)
     if run_id is None:
         run_id = hashlib.sha1(str(sink.resolve()).encode()).hexdigest()[:16] if sink else uuid.uuid4().hex[:16]
     sink_dir = sink or runs.run_dir(settings.home, run_id)
     if sink and not options.resume and any((sink_dir / n).exists() for n in ("ready.ndjson", "failures.ndjson")):
-        raise click.UsageError(f"{sink_dir} already holds results: pass --resume to continue that run, or use a "
-                               "fresh --sink directory")
+        raise click.UsageError(
+            f"{sink_dir} already holds results: pass --resume to continue that run, or use a fresh --sink directory"
+        )
     runs.sweep(settings.home, settings.run_ttl)
     embedded = None
-    if url is None:   # a Redis of the run's own (a second run never shares its append-only file)
+    if url is None:  # a Redis of the run's own (a second run never shares its append-only file)
         where = runs.redis_dir(settings.home, run_id)
         owner = f"sluice compute run {run_id}"
-        embedded = (EmbeddedRedis(where, bind=ranks.bind_address, host=ranks.master_addr, owner=owner)
-                    if ranks else EmbeddedRedis(where, owner=owner))
+        embedded = (
+            EmbeddedRedis(where, bind=ranks.bind_address, host=ranks.master_addr, owner=owner)
+            if ranks
+            else EmbeddedRedis(where, owner=owner)
+        )
         url = embedded.start().url
-    record = runs.RunRecord.begin(settings.home, run_id, sink_dir, runs.describe_broker(None if embedded else url),
-                                  keep)
+    record = runs.RunRecord.begin(
+        settings.home, run_id, sink_dir, runs.describe_broker(None if embedded else url), keep
+    )
     code = EXIT_INTERRUPTED
     try:
         client = redis_client.connect(url)
         runs.hold(client, run_id)
         if ranks:
             torchrun.reset(client, run_id)
-            own = {} if secret == settings.signing_secret() else {"secret": secret}   # never the cluster's
-            torchrun.share_run(ranks, {"broker": url, "run_id": run_id, "queue": runs.private_queue(run_id), **own},
-                               broker or settings.broker_url)
+            own = {} if secret == settings.signing_secret() else {"secret": secret}  # never the cluster's
+            torchrun.share_run(
+                ranks,
+                {"broker": url, "run_id": run_id, "queue": runs.private_queue(run_id), **own},
+                broker or settings.broker_url,
+            )
         code = _run(tf, url, run_id, sink_dir, options, settings, secret, ranks)
         if ranks:
             torchrun.release(client, ranks, run_id, code)
@@ -139,25 +148,36 @@ def run_secret(settings: Settings, local_workers: bool, meet_through_redis: bool
     if configured:
         return configured
     if not local_workers:
-        raise ConfigurationError("sluice compute without -w runs on the cluster's workers, which run a task file "
-                                 f"only when it is signed with their secret; this process has {NO_SECRET}")
+        raise ConfigurationError(
+            "sluice compute without -w runs on the cluster's workers, which run a task file "
+            f"only when it is signed with their secret; this process has {NO_SECRET}"
+        )
     if meet_through_redis:
-        raise ConfigurationError("under torchrun with a broker the ranks meet through Redis, which must never hold "
-                                 "the secret that signs the task file: set SLUICE_REMOTE_SECRET to the same value "
-                                 "on every rank")
+        raise ConfigurationError(
+            "under torchrun with a broker the ranks meet through Redis, which must never hold "
+            "the secret that signs the task file: set SLUICE_REMOTE_SECRET to the same value "
+            "on every rank"
+        )
     return secrets.token_hex(32)
 
 
-def _serve_rank(ranks: Ranks, broker: str | None, workers: int, per_worker: int, python: str,
-                settings: Settings) -> int:
+def _serve_rank(
+    ranks: Ranks, broker: str | None, workers: int, per_worker: int, python: str, settings: Settings
+) -> int:
     """A torchrun rank other than 0: run local workers for rank 0's run until it ends."""
     own = run_secret(settings, local_workers=True, meet_through_redis=broker is not None)
     run = torchrun.share_run(ranks, None, broker)
     client = redis_client.connect(run["broker"])
-    local = LocalWorkers(workers, per_worker, run["queue"], run["run_id"], python,
-                         runs.run_dir(settings.home, run["run_id"]) / f"rank-{ranks.rank}-logs",
-                         {"SLUICE_BROKER_URL": run["broker"], "SLUICE_REMOTE_SECRET": run.get("secret") or own},
-                         prefix=f"r{ranks.rank}.").start()
+    local = LocalWorkers(
+        workers,
+        per_worker,
+        run["queue"],
+        run["run_id"],
+        python,
+        runs.run_dir(settings.home, run["run_id"]) / f"rank-{ranks.rank}-logs",
+        {"SLUICE_BROKER_URL": run["broker"], "SLUICE_REMOTE_SECRET": run.get("secret") or own},
+        prefix=f"r{ranks.rank}.",
+    ).start()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -175,8 +195,16 @@ def _serve_rank(ranks: Ranks, broker: str | None, workers: int, per_worker: int,
     return EXIT_INTERRUPTED if code is None else code
 
 
-def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOptions, settings: Settings, secret: str,
-         ranks: Ranks | None = None) -> int:
+def _run(
+    tf: TaskFile,
+    url: str,
+    run_id: str,
+    sink_dir: Path,
+    options: RunOptions,
+    settings: Settings,
+    secret: str,
+    ranks: Ranks | None = None,
+) -> int:
     """One run of ``tf`` on the broker at ``url``, into ``sink_dir``, its task file signed with
     ``secret``; returns the exit code."""
     workers, per_worker = options.workers, options.per_worker
@@ -188,9 +216,20 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOption
     if store.repaired:
         console.print(f"repaired a torn last line in {', '.join(store.repaired)}")
     done = store.done_ids(options.rerun_failed) if options.resume else set()
-    local = (LocalWorkers(workers, per_worker, queue, run_id, options.python, sink_dir / "logs",
-                          {"SLUICE_BROKER_URL": url, "SLUICE_REMOTE_SECRET": secret},
-                          prefix="r0." if ranks else "").start() if workers else None)
+    local = (
+        LocalWorkers(
+            workers,
+            per_worker,
+            queue,
+            run_id,
+            options.python,
+            sink_dir / "logs",
+            {"SLUICE_BROKER_URL": url, "SLUICE_REMOTE_SECRET": secret},
+            prefix="r0." if ranks else "",
+        ).start()
+        if workers
+        else None
+    )
     slots = workers * per_worker * (ranks.world_size if ranks else 1) if workers else 8
     printer = _Refusals(_print_record if options.results_mode == "ndjson" else _ignore)
     with Observer(console) if options.observe else _NoObserver() as observer:
@@ -201,10 +240,14 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOption
                 for index in local.revive():
                     console.print(f"local worker {index} died; restarted it")
 
-        run_settings = RunSettings(run_id, queue, retries=options.retries, quarantine_after=options.quarantine_after,
-                                   rerun_failed=options.rerun_failed)
-        driver = Driver(app, tf, store, run_settings, slots, on_record=printer, on_progress=on_progress,
-                        secret=secret)
+        run_settings = RunSettings(
+            run_id,
+            queue,
+            retries=options.retries,
+            quarantine_after=options.quarantine_after,
+            rerun_failed=options.rerun_failed,
+        )
+        driver = Driver(app, tf, store, run_settings, slots, on_record=printer, on_progress=on_progress, secret=secret)
         if not options.resume:
             driver.reset()
         _handle_interrupts(driver)
@@ -212,8 +255,10 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOption
         try:
             code = driver.run(done)
         except (redis.ConnectionError, redis.TimeoutError, PublishError) as exc:
-            console.print(f"[red]lost the broker for over {redis_client.OUTAGE_WAIT:.0f} s ({exc}); nothing "
-                          "counts as failed: run again with --resume once Redis is back[/red]")
+            console.print(
+                f"[red]lost the broker for over {redis_client.OUTAGE_WAIT:.0f} s ({exc}); nothing "
+                "counts as failed: run again with --resume once Redis is back[/red]"
+            )
             lost_broker, code = True, EXIT_BROKER_LOST
         finally:
             ending = driver.stopping or lost_broker
@@ -225,8 +270,10 @@ def _run(tf: TaskFile, url: str, run_id: str, sink_dir: Path, options: RunOption
     store.close()
     if options.results_mode != "quiet":
         p = driver.progress
-        console.print(f"run {run_id}: {p.ok} ok, {p.failed} failed, {p.cancelled} cancelled, {p.skipped} skipped "
-                      f"(already in the sink), {p.duplicates} duplicate ids; {p.rate():.0f} items/s; sink {sink_dir}")
+        console.print(
+            f"run {run_id}: {p.ok} ok, {p.failed} failed, {p.cancelled} cancelled, {p.skipped} skipped "
+            f"(already in the sink), {p.duplicates} duplicate ids; {p.rate():.0f} items/s; sink {sink_dir}"
+        )
     return code
 
 
@@ -234,8 +281,10 @@ def _handle_interrupts(driver: Driver) -> None:
     def on_interrupt(_signum: int, _frame: Any) -> None:
         if driver.stopping:
             os._exit(EXIT_INTERRUPTED)  # second Ctrl-C: exit at once
-        console.print("[yellow]interrupted: stopping; unstarted items are recorded as cancelled "
-                      "(Ctrl-C again to exit at once)[/yellow]")
+        console.print(
+            "[yellow]interrupted: stopping; unstarted items are recorded as cancelled "
+            "(Ctrl-C again to exit at once)[/yellow]"
+        )
         driver.interrupt()
 
     signal.signal(signal.SIGINT, on_interrupt)
@@ -260,8 +309,11 @@ class _Refusals:
 
     def __call__(self, record: Record) -> None:
         self.then(record)
-        if (isinstance(record, Failure) and record.error == InvalidRequestError.__name__
-                and record.message not in self.seen):
+        if (
+            isinstance(record, Failure)
+            and record.error == InvalidRequestError.__name__
+            and record.message not in self.seen
+        ):
             self.seen.add(record.message)
             console.print(f"[red]a worker refused item {escape(record.id)}'s chunk: {escape(record.message)}[/red]")
 

@@ -19,8 +19,17 @@ LOCAL_ENV = {"SLUICE_HEARTBEAT_INTERVAL": "0.5", "SLUICE_REAPER_INTERVAL": "1", 
 
 
 class LocalWorkers:
-    def __init__(self, count: int, per_worker: int, queue: str, run_id: str, python: str, log_dir: Path,
-                 env: dict[str, str], prefix: str = "") -> None:
+    def __init__(
+        self,
+        count: int,
+        per_worker: int,
+        queue: str,
+        run_id: str,
+        python: str,
+        log_dir: Path,
+        env: dict[str, str],
+        prefix: str = "",
+    ) -> None:
         """``prefix`` tells apart the workers of each torchrun rank (``r1.``)."""
         if count < 1 or per_worker < 1:
             raise ConfigurationError(f"-w {count} --per-worker {per_worker}: both must be at least 1")
@@ -39,11 +48,30 @@ class LocalWorkers:
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         with open(self.log_dir / f"worker-{index}.log", "ab") as log:
             return subprocess.Popen(
-                [self.python, "-m", "celery", "-A", "sluice.workers.batch.worker_app", "worker", "-Q", self.queue,
-                 "-c", str(self.per_worker), "-n", self.hostname(index), "--without-mingle", "--without-gossip",
-                 "--loglevel", "WARNING"],
-                stdout=log, stderr=subprocess.STDOUT, env=os.environ | LOCAL_ENV | self.env,
-                preexec_fn=die_with_parent, start_new_session=True)
+                [
+                    self.python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "sluice.workers.batch.worker_app",
+                    "worker",
+                    "-Q",
+                    self.queue,
+                    "-c",
+                    str(self.per_worker),
+                    "-n",
+                    self.hostname(index),
+                    "--without-mingle",
+                    "--without-gossip",
+                    "--loglevel",
+                    "WARNING",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=os.environ | LOCAL_ENV | self.env,
+                preexec_fn=die_with_parent,
+                start_new_session=True,
+            )
 
     def revive(self) -> list[int]:
         """Restart local workers that died (a kill -9, an OOM kill); returns their indexes."""

@@ -51,12 +51,21 @@ class Observer:
 
     def line(self, p: Progress) -> str:
         quarantined = f" quarantined={','.join(p.quarantined)}" if p.quarantined else ""
-        return (f"done={p.ok} failed={p.failed} cancelled={p.cancelled} in_flight={p.in_flight} "
-                f"skipped={p.skipped} rate={p.rate():.1f}/s eta={self.eta(p)}{quarantined}")
+        return (
+            f"done={p.ok} failed={p.failed} cancelled={p.cancelled} in_flight={p.in_flight} "
+            f"skipped={p.skipped} rate={p.rate():.1f}/s eta={self.eta(p)}{quarantined}"
+        )
 
     def render(self, p: Progress) -> Group:
-        cells = [("done", p.ok), ("failed", p.failed), ("cancelled", p.cancelled), ("in flight", p.in_flight),
-                 ("skipped", p.skipped), ("rate", f"{p.rate():.1f}/s"), ("eta", self.eta(p))]
+        cells = [
+            ("done", p.ok),
+            ("failed", p.failed),
+            ("cancelled", p.cancelled),
+            ("in flight", p.in_flight),
+            ("skipped", p.skipped),
+            ("rate", f"{p.rate():.1f}/s"),
+            ("eta", self.eta(p)),
+        ]
         summary = Table.grid(padding=(0, 2))
         summary.add_row(*(f"[bold]{label}[/bold] {value}" for label, value in cells))
         workers = Table("worker", "items", "state", box=None)

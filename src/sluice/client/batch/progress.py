@@ -51,8 +51,18 @@ class Progress:
         return self.finished / max(time.time() - self.started, 1e-9)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "failed": self.failed, "cancelled": self.cancelled, "skipped": self.skipped,
-                "duplicates": self.duplicates, "dispatched": self.dispatched, "in_flight": self.in_flight,
-                "plan_done": self.plan_done, "items_per_s": round(self.rate(), 1),
-                "elapsed_s": round(time.time() - self.started, 3), "per_worker": dict(self.per_worker),
-                "quarantined": self.quarantined, "updated": time.time()}
+        return {
+            "ok": self.ok,
+            "failed": self.failed,
+            "cancelled": self.cancelled,
+            "skipped": self.skipped,
+            "duplicates": self.duplicates,
+            "dispatched": self.dispatched,
+            "in_flight": self.in_flight,
+            "plan_done": self.plan_done,
+            "items_per_s": round(self.rate(), 1),
+            "elapsed_s": round(time.time() - self.started, 3),
+            "per_worker": dict(self.per_worker),
+            "quarantined": self.quarantined,
+            "updated": time.time(),
+        }

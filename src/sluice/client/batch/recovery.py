@@ -33,8 +33,11 @@ def resume(driver: Driver, done: set[str]) -> None:
     its item dispatched again, as a lost one is."""
     client, results = driver.client, driver.key(RunPart.RESULTS)
     rerun_failed = driver.settings.rerun_failed
-    cached, unreadable = entries.split("batch result", client.hscan_iter(results, count=5000),
-                                       lambda item: (item[0], item[1], _runs_again(item[1], rerun_failed)))
+    cached, unreadable = entries.split(
+        "batch result",
+        client.hscan_iter(results, count=5000),
+        lambda item: (item[0], item[1], _runs_again(item[1], rerun_failed)),
+    )
     # lost (or failed, with --rerun-failed), or unreadable: forget it, dispatch it again
     rerun = [raw_id for raw_id, _, again in cached if again] + [raw_id for (raw_id, _), _ in unreadable]
     lines = {raw_id: raw for raw_id, raw, again in cached if not again and raw_id.decode(errors="replace") not in done}

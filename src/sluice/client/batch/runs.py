@@ -97,7 +97,7 @@ class RunRecord:
     def begin(cls, home: Path, run_id: str, sink: Path, broker: str, keep: bool) -> RunRecord:
         record = cls(run_id, str(sink.resolve()), broker, time.time(), os.getpid(), keep)
         previous = cls.read(home, run_id)
-        record.keep = keep or bool(previous and previous.keep)   # once kept, a resumed run stays kept
+        record.keep = keep or bool(previous and previous.keep)  # once kept, a resumed run stays kept
         record.write(home)
         return record
 

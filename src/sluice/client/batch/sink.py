@@ -77,7 +77,7 @@ def _ids(path: Path) -> Iterable[str]:
         text = block.decode("utf-8")
         lines = text.splitlines()
         if text.count("\n" + ID_PREFIX) + text.startswith(ID_PREFIX) == len(lines):
-            ids = [line[start:line.find('"', start)] for line in lines]
+            ids = [line[start : line.find('"', start)] for line in lines]
             if "\\" in text:  # only then can an id hold an escape
                 ids = [decode(line).id if "\\" in item else item for line, item in zip(lines, ids)]
             yield from ids

@@ -50,8 +50,10 @@ class Ranks:
         try:
             rank, world, local = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", env["RANK"]))
         except ValueError:
-            raise ConfigurationError(f"RANK={env['RANK']!r} and WORLD_SIZE={env['WORLD_SIZE']!r} must be whole numbers "
-                                     "(as torchrun sets them)") from None
+            raise ConfigurationError(
+                f"RANK={env['RANK']!r} and WORLD_SIZE={env['WORLD_SIZE']!r} must be whole numbers "
+                "(as torchrun sets them)"
+            ) from None
         master = env.get("MASTER_ADDR", "127.0.0.1")
         launch = env.get("TORCHELASTIC_RUN_ID") or f"{master}:{env.get('MASTER_PORT', '')}"
         return cls(rank, local, world, master, launch)
@@ -73,8 +75,10 @@ def share_run(ranks: Ranks, run: dict[str, Any] | None, broker: str | None) -> d
     try:
         import torch.distributed as dist
     except ImportError:
-        raise ConfigurationError("under torchrun without torch installed, pass --broker URL (a Redis every rank "
-                                 "can reach) so the ranks can find each other") from None
+        raise ConfigurationError(
+            "under torchrun without torch installed, pass --broker URL (a Redis every rank "
+            "can reach) so the ranks can find each other"
+        ) from None
     store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT)))
     store = dist.PrefixStore("sluice", store)
     if ranks.drives:
@@ -97,8 +101,10 @@ def _share_through_redis(ranks: Ranks, run: dict[str, Any] | None, broker: str) 
     deadline = time.monotonic() + RENDEZVOUS_TIMEOUT
     while (raw := client.get(key)) is None:
         if time.monotonic() > deadline:
-            raise ConfigurationError(f"rank {ranks.rank}: rank 0 did not announce the run within "
-                                     f"{RENDEZVOUS_TIMEOUT:.0f}s (launch {ranks.launch_id})")
+            raise ConfigurationError(
+                f"rank {ranks.rank}: rank 0 did not announce the run within "
+                f"{RENDEZVOUS_TIMEOUT:.0f}s (launch {ranks.launch_id})"
+            )
         time.sleep(0.1)
     return dict(json.loads(raw))
 

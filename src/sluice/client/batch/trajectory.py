@@ -27,8 +27,10 @@ BATCH_ROWS = 50_000
 def require_lance() -> None:
     """Fail before the run starts when pylance is missing, not after it ends."""
     if importlib.util.find_spec("lance") is None or importlib.util.find_spec("pyarrow") is None:
-        raise ConfigurationError("--traj writes a Lance dataset and needs the pylance package: "
-                                 "pip install 'sluice[traj]' (or pip install pylance)")
+        raise ConfigurationError(
+            "--traj writes a Lance dataset and needs the pylance package: "
+            "pip install 'sluice[traj]' (or pip install pylance)"
+        )
 
 
 def write_trajectory(sink_dir: Path) -> tuple[Path, int]:
@@ -37,8 +39,16 @@ def write_trajectory(sink_dir: Path) -> tuple[Path, int]:
     import lance
     import pyarrow as pa
 
-    schema = pa.schema([("id", pa.string()), ("worker", pa.string()), ("attempts", pa.int64()),
-                        ("started", pa.float64()), ("seconds", pa.float64()), ("result", pa.string())])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("worker", pa.string()),
+            ("attempts", pa.int64()),
+            ("started", pa.float64()),
+            ("seconds", pa.float64()),
+            ("result", pa.string()),
+        ]
+    )
     rows = 0
 
     def batches() -> Iterator[Any]:
@@ -60,8 +70,16 @@ def _records(path: Path) -> Iterator[list[dict[str, Any]]]:
         for line in lines:
             record = decode(line)  # ready.ndjson holds successes only
             assert isinstance(record, Ready), f"{path} holds a failure record: {line[:200]}"
-            chunk.append({"id": record.id, "worker": record.worker, "attempts": record.attempts,
-                          "started": record.started, "seconds": record.seconds, "result": json.dumps(record.result)})
+            chunk.append(
+                {
+                    "id": record.id,
+                    "worker": record.worker,
+                    "attempts": record.attempts,
+                    "started": record.started,
+                    "seconds": record.seconds,
+                    "result": json.dumps(record.result),
+                }
+            )
             if len(chunk) >= BATCH_ROWS:
                 yield chunk
                 chunk = []

@@ -53,27 +53,46 @@ class Budget:
     max_gpu_memory: int | None = None
 
     @classmethod
-    def of(cls, name: str, memory: object = None, max_memory: object = None, gpu: object = None,
-           gpu_memory: object = None, max_gpu_memory: object = None) -> Budget:
+    def of(
+        cls,
+        name: str,
+        memory: object = None,
+        max_memory: object = None,
+        gpu: object = None,
+        gpu_memory: object = None,
+        max_gpu_memory: object = None,
+    ) -> Budget:
         """Validate the keywords of ``@remote`` (sizes as in the Units table of the docs)."""
-        sizes = {key: None if value is None else parse_size(value, f"{name}: {key}")
-                 for key, value in (("memory", memory), ("max_memory", max_memory), ("gpu_memory", gpu_memory),
-                                    ("max_gpu_memory", max_gpu_memory))}
+        sizes = {
+            key: None if value is None else parse_size(value, f"{name}: {key}")
+            for key, value in (
+                ("memory", memory),
+                ("max_memory", max_memory),
+                ("gpu_memory", gpu_memory),
+                ("max_gpu_memory", max_gpu_memory),
+            )
+        }
         for key, size in sizes.items():
             if size == 0:
-                raise ConfigurationError(f"{name}: {key}=0 must be a size greater than zero, e.g. \"512Mi\"")
+                raise ConfigurationError(f'{name}: {key}=0 must be a size greater than zero, e.g. "512Mi"')
         for start, ceiling in (("memory", "max_memory"), ("gpu_memory", "max_gpu_memory")):
             if sizes[start] is not None and sizes[ceiling] is not None and sizes[ceiling] < sizes[start]:
                 raise ConfigurationError(
                     f"{name}: {ceiling}={format_size(sizes[ceiling])} is below {start}={format_size(sizes[start])}; "
-                    f"a ceiling must be at least its starting value")
+                    f"a ceiling must be at least its starting value"
+                )
         if gpu is not None and not isinstance(gpu, bool):
             raise ConfigurationError(f"{name}: gpu={gpu!r} must be True or False")
         wants_gpu_memory = sizes["gpu_memory"] is not None or sizes["max_gpu_memory"] is not None
         if gpu is False and wants_gpu_memory:
             raise ConfigurationError(f"{name}: gpu=False contradicts gpu_memory=; gpu_memory implies gpu=True")
-        return cls(sizes["memory"], sizes["max_memory"], bool(gpu) or wants_gpu_memory, sizes["gpu_memory"],
-                   sizes["max_gpu_memory"])
+        return cls(
+            sizes["memory"],
+            sizes["max_memory"],
+            bool(gpu) or wants_gpu_memory,
+            sizes["gpu_memory"],
+            sizes["max_gpu_memory"],
+        )
 
     def start(self, default: int) -> int:
         """The memory a call starts with: its own, else the default (never above its ceiling)."""
@@ -110,15 +129,22 @@ class RemoteFunction(Generic[P, R]):
     def send(self, task_name: str, fields: dict[str, Any], start: int) -> RemoteCall[Any]:
         """Sign ``fields`` and publish them to the queue :func:`choose_target` picks."""
         app = self.app or App.default()
-        target = choose_target(app, start, self.budget.gpu, self.budget.gpu_memory,
-                               environment_key(self.packages) if self.packages else None, self.name)
+        target = choose_target(
+            app,
+            start,
+            self.budget.gpu,
+            self.budget.gpu_memory,
+            environment_key(self.packages) if self.packages else None,
+            self.name,
+        )
         message = seal(app.settings.signing_secret(), fields)
         slot = Compute.of(memory_bytes=target.resource_class.slot.memory_bytes, gpu=target.resource_class.slot.gpu)
         # to a worker's own queue: if that worker dies first, the reaper moves the call home
         home = target.resource_class.name if target.worker is not None else None
         headers = Headers(compute=slot, sticky=home).encode()
-        result = app.send_task(task_name, args=[message], queue=target.queue, headers=headers,
-                               argsrepr=f"({self.name})", kwargsrepr="{}")  # Flower shows the name, not the payload
+        result = app.send_task(
+            task_name, args=[message], queue=target.queue, headers=headers, argsrepr=f"({self.name})", kwargsrepr="{}"
+        )  # Flower shows the name, not the payload
         return RemoteCall(result, self.name, app, bool(fields.get("stream")), source_file(self.function))
 
     delay = spawn
@@ -126,8 +152,19 @@ class RemoteFunction(Generic[P, R]):
     def call(self, payload: bytes, start: int, stream: bool) -> Call:
         """The call a message carries: this function's name, packages and sizes, and ``payload``."""
         budget = self.budget
-        return Call(self.name, python_version(), self.packages, start, payload, tuple(self.hints), budget.max_memory,
-                    budget.gpu, budget.gpu_memory, budget.max_gpu_memory, stream)
+        return Call(
+            self.name,
+            python_version(),
+            self.packages,
+            start,
+            payload,
+            tuple(self.hints),
+            budget.max_memory,
+            budget.gpu,
+            budget.gpu_memory,
+            budget.max_gpu_memory,
+            stream,
+        )
 
     def fields(self, payload: bytes, start: int, stream: bool) -> dict[str, Any]:
         """The message's fields (all signed)."""
@@ -226,10 +263,17 @@ def source_file(function: Any) -> str | None:
     return code.co_filename if code is not None else None
 
 
-def remote(function: Callable[P, R] | None = None, *, packages: Iterable[str] | None = None,
-           memory: int | str | None = None, max_memory: int | str | None = None, gpu: bool | None = None,
-           gpu_memory: int | str | None = None, max_gpu_memory: int | str | None = None,
-           app: Any = None) -> Any:
+def remote(
+    function: Callable[P, R] | None = None,
+    *,
+    packages: Iterable[str] | None = None,
+    memory: int | str | None = None,
+    max_memory: int | str | None = None,
+    gpu: bool | None = None,
+    gpu_memory: int | str | None = None,
+    max_gpu_memory: int | str | None = None,
+    app: Any = None,
+) -> Any:
     """Decorate a function to run on a worker in a sandbox with ``packages`` installed.
 
     ``memory`` is the sandbox's starting limit (default: the ``remote_memory`` setting, 1Gi);

@@ -28,8 +28,7 @@ class Target:
     worker: str | None = None
 
 
-def choose_target(app: App, memory: int, gpu: bool, gpu_memory: int | None, env_key: str | None,
-                  what: str) -> Target:
+def choose_target(app: App, memory: int, gpu: bool, gpu_memory: int | None, env_key: str | None, what: str) -> Target:
     """The smallest class that fits; within it, a live worker holding ``env_key`` (or, with
     ``gpu_memory``, one whose GPU has that much) is chosen through its own queue. A bigger class
     is never taken just because one of its workers holds the environment."""

@@ -28,8 +28,17 @@ from sluice.errors import SerializationError
 LIVE_RESOURCES: tuple[tuple[type | tuple[type, ...], str], ...] = (
     (io.IOBase, "an open file or stream"),
     (socket.socket, "a socket"),
-    ((type(threading.Lock()), type(threading.RLock()), threading.Condition, threading.Semaphore,
-      threading.Event, threading.Barrier), "a lock or synchronization primitive"),
+    (
+        (
+            type(threading.Lock()),
+            type(threading.RLock()),
+            threading.Condition,
+            threading.Semaphore,
+            threading.Event,
+            threading.Barrier,
+        ),
+        "a lock or synchronization primitive",
+    ),
     (threading.Thread, "a thread"),
     ((sqlite3.Connection, sqlite3.Cursor), "a database connection"),
     (subprocess.Popen, "a running subprocess"),

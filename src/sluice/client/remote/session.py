@@ -60,8 +60,9 @@ class Session:
         settings = remote_settings(self.app)
         start = self.budget.start(settings.remote_memory)
         probe = RemoteFunction(_session_marker, self.packages, self.budget, self.app)
-        opening = replace(probe.call(b"", start, stream=False), function=f"session {self.id}", session=self.id,
-                          lease=self.lease)
+        opening = replace(
+            probe.call(b"", start, stream=False), function=f"session {self.id}", session=self.id, lease=self.lease
+        )
         self.handle: RemoteCall[Any] = probe.send(SESSION_TASK, opening.encode(), start)
         threading.Thread(target=self._keep_alive, daemon=True, name=f"sluice-session-{self.id[:8]}").start()
         return self
@@ -71,8 +72,10 @@ class Session:
         if isinstance(function, RemoteFunction):
             missing = set(normalize_packages([*self.packages, *function.packages])) - set(self.packages)
             if missing:
-                raise ConfigurationError(f"{function.name} needs {sorted(missing)}, which this session was not opened "
-                                         f"with (packages={list(self.packages)}); list them in sluice.session(packages=)")
+                raise ConfigurationError(
+                    f"{function.name} needs {sorted(missing)}, which this session was not opened "
+                    f"with (packages={list(self.packages)}); list them in sluice.session(packages=)"
+                )
             function = function.function
         number = next(self._numbers)
         sent = SessionCall(number, pack_call(function, args, kwargs))
@@ -94,14 +97,15 @@ class Session:
                     return reply
             elif self.handle.result.ready():
                 ended = self.handle.result.get(timeout=1)  # raises the session's failure, if it failed
-                raise TaskFailed(f"session {self.id} ended before replying to call {number}: "
-                                         f"{ended['ended']}")
+                raise TaskFailed(f"session {self.id} ended before replying to call {number}: {ended['ended']}")
 
     def close(self) -> None:
         self._stop.set()
         client = self.app.redis
-        client.rpush(keys.session(self.id, SessionPart.CALLS),
-                     json.dumps(seal(self.app.settings.signing_secret(), SessionCall(close=True).encode())))
+        client.rpush(
+            keys.session(self.id, SessionPart.CALLS),
+            json.dumps(seal(self.app.settings.signing_secret(), SessionCall(close=True).encode())),
+        )
         client.delete(keys.session(self.id, SessionPart.LEASE))
         try:
             self.handle.result.get(timeout=10)
@@ -122,9 +126,16 @@ def _session_marker() -> None:
 
 
 @contextmanager
-def session(*, packages: Iterable[str] | None = None, memory: int | str | None = None,
-            max_memory: int | str | None = None, gpu: bool | None = None, gpu_memory: int | str | None = None,
-            app: Any = None, lease: float = LEASE_SECONDS) -> Iterator[Session]:
+def session(
+    *,
+    packages: Iterable[str] | None = None,
+    memory: int | str | None = None,
+    max_memory: int | str | None = None,
+    gpu: bool | None = None,
+    gpu_memory: int | str | None = None,
+    app: Any = None,
+    lease: float = LEASE_SECONDS,
+) -> Iterator[Session]:
     """Keep one sandbox on one worker for the block; remote functions called inside run there."""
     budget = Budget.of("session", memory, max_memory, gpu, gpu_memory)
     live = Session(normalize_packages(packages), budget, app or App.default(), lease).open()
@@ -134,4 +145,3 @@ def session(*, packages: Iterable[str] | None = None, memory: int | str | None =
     finally:
         active_session.reset(token)
         live.close()
-

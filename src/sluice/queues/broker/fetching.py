@@ -38,7 +38,7 @@ class Fetching(kombu_redis.Channel):
     layout: RedisLayout
     pending_acks: list[str]
     _acks_in_flight: int
-    flush_acks: Callable[[], None]   #: sends the acks no fetch carried (``qos.AckCarrying``)
+    flush_acks: Callable[[], None]  #: sends the acks no fetch carried (``qos.AckCarrying``)
     #: Keeps a fetched message that could not be delivered as a dead letter (``forwarding``).
     dead_letter_fetched: Callable[[str, str, bytes, Exception], None]
     #: The next poll command: the fetch script (False) or a wait on the bells (True).
@@ -51,7 +51,7 @@ class Fetching(kombu_redis.Channel):
         self._no_ack: set[str] = set()
         self._fetch_layouts: dict[tuple[str, ...], tuple[list[str], list[str], list[str]]] = {}
         self._lists: list[str] = []
-        self._depth = 0   #: how deep the fetch in flight reads (see qos.FetchGate)
+        self._depth = 0  #: how deep the fetch in flight reads (see qos.FetchGate)
         super().__init__(*args, **kwargs)
 
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
@@ -76,8 +76,9 @@ class Fetching(kombu_redis.Channel):
         with self.conn_or_acquire() as client:
             bells.ring(client.pipeline(transaction=False).lpush(key, dumps(message)), keys.bell(queue)).execute()
 
-    def _do_restore_message(self, payload: dict[str, Any], exchange: str, routing_key: str, pipe: Any,
-                            leftmost: bool = False) -> None:
+    def _do_restore_message(
+        self, payload: dict[str, Any], exchange: str, routing_key: str, pipe: Any, leftmost: bool = False
+    ) -> None:
         super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
         for queue in self._lookup(exchange, routing_key):
             bells.ring(pipe, keys.bell(queue))
@@ -105,9 +106,20 @@ class Fetching(kombu_redis.Channel):
         self._acks_in_flight = len(self.pending_acks)
         gate = self.qos.gate
         self._depth = (gate.depth() or 0) if gate is not None else 0
-        return ["EVALSHA", scripts.sha("fetch"), len(script_keys), *script_keys, repr(time.time()),
-                "1" if self._woken else "0", DEAD_LETTER_CAP, bells.BELL_CAP, gate.queue if gate else "",
-                self._depth, *per_list, *self.pending_acks]
+        return [
+            "EVALSHA",
+            scripts.sha("fetch"),
+            len(script_keys),
+            *script_keys,
+            repr(time.time()),
+            "1" if self._woken else "0",
+            DEAD_LETTER_CAP,
+            bells.BELL_CAP,
+            gate.queue if gate else "",
+            self._depth,
+            *per_list,
+            *self.pending_acks,
+        ]
 
     def _fetch_layout(self, queues: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
         """The fetch script's lists, keys and per-list arguments for ``queues`` in this order
@@ -119,8 +131,12 @@ class Fetching(kombu_redis.Channel):
         lists = [(queue, self._q_for_pri(queue, pri)) for pri in self.priority_steps for queue in queues]
         script_keys = [layout.unacked(), layout.unacked_index()]
         for queue, name in lists:
-            script_keys += [layout.key(name), layout.bell(queue), layout.dead_letters(queue),
-                            layout.dead_letter_count(queue)]
+            script_keys += [
+                layout.key(name),
+                layout.bell(queue),
+                layout.dead_letters(queue),
+                layout.dead_letter_count(queue),
+            ]
         per_list = [arg for queue, _ in lists for arg in ("1" if queue in self._no_ack else "0", queue)]
         self._fetch_layouts[queues] = made = ([name for _, name in lists], script_keys, per_list)
         return made
@@ -137,7 +153,7 @@ class Fetching(kombu_redis.Channel):
                 scripts.load(self.client, "fetch")
                 raise Empty() from None
             if not waited:  # the script ran: the acks it carried are in Redis
-                del self.pending_acks[:self._acks_in_flight]
+                del self.pending_acks[: self._acks_in_flight]
         finally:
             self._acks_in_flight = 0
             self._in_poll = None

@@ -45,10 +45,21 @@ class Forwarding(kombu_redis.Channel):
         moved = scripts.run(
             self._plain_client(),
             "forward",
-            [layout.unacked(), layout.unacked_index(), layout.key(target), layout.bell(queue),
-             layout.key(keys.FORWARDED)],
-            [tag, dumps(payload), bells.BELL_CAP, "" if put_back is not None else f"{source} {queue}",
-             "" if put_back is None else put_back])
+            [
+                layout.unacked(),
+                layout.unacked_index(),
+                layout.key(target),
+                layout.bell(queue),
+                layout.key(keys.FORWARDED),
+            ],
+            [
+                tag,
+                dumps(payload),
+                bells.BELL_CAP,
+                "" if put_back is not None else f"{source} {queue}",
+                "" if put_back is None else put_back,
+            ],
+        )
         self.fetched.discard(tag)
         self.qos.forget(tag)
         return bool(moved)

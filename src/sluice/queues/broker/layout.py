@@ -78,11 +78,13 @@ class RedisLayout:
         """The layout a broker with these ``broker_transport_options`` uses."""
         options = transport_options or {}
         base = cls()
-        return cls(unacked_key=options.get("unacked_key", base.unacked_key),
-                   unacked_index_key=options.get("unacked_index_key", base.unacked_index_key),
-                   sep=options.get("sep", base.sep),
-                   priority_steps=tuple(options.get("priority_steps", base.priority_steps)),
-                   global_keyprefix=options.get("global_keyprefix", base.global_keyprefix))
+        return cls(
+            unacked_key=options.get("unacked_key", base.unacked_key),
+            unacked_index_key=options.get("unacked_index_key", base.unacked_index_key),
+            sep=options.get("sep", base.sep),
+            priority_steps=tuple(options.get("priority_steps", base.priority_steps)),
+            global_keyprefix=options.get("global_keyprefix", base.global_keyprefix),
+        )
 
     @classmethod
     def of_app(cls, app: Any) -> RedisLayout:
@@ -134,8 +136,7 @@ class RedisLayout:
     def held_entries(self, client: redis.Redis) -> tuple[list[Held], list[tuple[tuple[bytes, bytes], Exception]]]:
         """Every message delivered to a worker and not acknowledged yet, and apart the (tag, entry)
         pairs that do not decode (with why): a worker may hold a message sluice cannot read."""
-        return entries.split("held message", client.hgetall(self.unacked()).items(),
-                             lambda item: Held.decode(*item))
+        return entries.split("held message", client.hgetall(self.unacked()).items(), lambda item: Held.decode(*item))
 
     def held(self, client: redis.Redis) -> list[Held]:
         """Every message delivered to a worker and not acknowledged yet (one that does not decode is skipped)."""

@@ -42,7 +42,8 @@ class LeaseRenewal(kombu_redis.Transport):
         super().register_with_event_loop(connection, loop)
         options = self.client.transport_options or {}
         interval = options.get(LEASE_OPTION) or lease_interval(
-            options.get("visibility_timeout", self.Channel.visibility_timeout))
+            options.get("visibility_timeout", self.Channel.visibility_timeout)
+        )
         loop.call_repeatedly(interval, self._renew_leases)
 
     def _renew_leases(self) -> None:

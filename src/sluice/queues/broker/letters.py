@@ -106,8 +106,9 @@ def unreadable_held(layout: RedisLayout, entry: bytes, reason: str) -> DeadLette
     return DeadLetter.now(reason, queue, raw)
 
 
-def _add_dead_letter(pipe: redis.client.Pipeline, layout: RedisLayout, letter: DeadLetter,
-                     held_tag: str | bytes | None) -> None:
+def _add_dead_letter(
+    pipe: redis.client.Pipeline, layout: RedisLayout, letter: DeadLetter, held_tag: str | bytes | None
+) -> None:
     pipe.lpush(layout.dead_letters(letter.queue), letter.encode())
     pipe.ltrim(layout.dead_letters(letter.queue), 0, DEAD_LETTER_CAP - 1)
     pipe.incr(layout.dead_letter_count(letter.queue))

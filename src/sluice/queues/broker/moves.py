@@ -48,8 +48,10 @@ def routed_to(raw: dict[str, Any], queue: str, headers: dict[str, Any] | None = 
     with new ``headers`` if given."""
     sent = as_sent(raw)
     properties = sent["properties"]
-    moved = dict(sent, properties=dict(properties, delivery_info=dict(
-        properties["delivery_info"], exchange="", routing_key=queue)))
+    moved = dict(
+        sent,
+        properties=dict(properties, delivery_info=dict(properties["delivery_info"], exchange="", routing_key=queue)),
+    )
     if headers is not None:
         moved["headers"] = headers
     return moved

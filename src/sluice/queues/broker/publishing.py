@@ -81,7 +81,7 @@ class MessageTemplate:
 
     def __init__(self, channel: Any, queue: str) -> None:
         self.channel, self.queue = channel, queue
-        self._mark = f"@@{new_id()}:"   # random: no header a user sets can hold it
+        self._mark = f"@@{new_id()}:"  # random: no header a user sets can hold it
         self._parts: list[str] = []
         self.key = queue
 
@@ -130,7 +130,7 @@ class UnansweredPublisher:
 
     def _connected(self) -> Any:
         if self._connection is not None and (self._pid != os.getpid() or not self._alive()):
-            self.close()                                          # ended, or a fork's child: open its own
+            self.close()  # ended, or a fork's child: open its own
         if self._connection is None:
             connection = self.pool.make_connection()
             connection.connect()
@@ -167,12 +167,14 @@ class EventPublishing(kombu_redis.Channel):
         channel (kombu's way did it once), and no key prefix to apply."""
         return not self.global_keyprefix and exchange in self.state.exchanges
 
-    def publish_event(self, exchange: str, routing_key: str, event: dict[str, Any], headers: dict[str, Any] | None,
-                      delivery_mode: int) -> None:
+    def publish_event(
+        self, exchange: str, routing_key: str, event: dict[str, Any], headers: dict[str, Any] | None, delivery_mode: int
+    ) -> None:
         """Publish a Celery event (see ``sluice.events``): the message kombu's Producer would
         make (JSON body, the dispatcher's headers and delivery mode), through ``basic_publish``."""
-        message = self.prepare_message(dumps(event), None, "application/json", "utf-8", headers,
-                                       {"delivery_mode": delivery_mode})
+        message = self.prepare_message(
+            dumps(event), None, "application/json", "utf-8", headers, {"delivery_mode": delivery_mode}
+        )
         self.basic_publish(message, exchange, routing_key)
 
     def close(self) -> None:

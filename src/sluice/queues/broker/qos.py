@@ -42,7 +42,7 @@ class ReliableQoS(kombu_redis.QoS):
     acks carried to Redis by the channel's next fetch; and a ``gate`` a packed worker sets, so
     its channel fetches nothing while it has no room, or fetches from behind the head."""
 
-    gate: FetchGate | None = None   #: what to fetch next (see FetchGate); None: the head, always
+    gate: FetchGate | None = None  #: what to fetch next (see FetchGate); None: the head, always
 
     def can_consume(self) -> bool:
         able = super().can_consume() and (self.gate is None or self.gate.depth() is not None)
@@ -114,7 +114,7 @@ class AckCarrying(kombu_redis.Channel):
         except self.connection_errors:
             log.warning("could not acknowledge %d message(s) in Redis: unreachable; will try again", len(tags))
             return
-        del self.pending_acks[carried:carried + len(tags)]
+        del self.pending_acks[carried : carried + len(tags)]
 
     def close(self) -> None:
         self.flush_acks()

@@ -26,13 +26,14 @@ from kombu.utils.encoding import bytes_to_str
 
 from sluice.queues.broker import scripts
 from sluice.queues.broker.result_consumer import PUBLISH_LIMIT, ComputeResultConsumer, Notice
-from sluice.tasks.base import CLAIMED, ComputeTask
 from sluice.tasks import ledger
+from sluice.tasks.base import CLAIMED, ComputeTask
 from sluice.tasks.escalation import Attempt
 
 #: What the App maps result backend URLs to, by scheme.
 PATHS = {scheme: f"{__name__}:ComputeResultBackend" for scheme in ("redis", "rediss")} | {
-    "sentinel": f"{__name__}:ComputeSentinelBackend"}
+    "sentinel": f"{__name__}:ComputeSentinelBackend"
+}
 
 
 class WithCompute:
@@ -40,10 +41,12 @@ class WithCompute:
     the state of one with ``result_args=False`` leaves out its arguments, and any task's
     arguments are kept as sent only when small (:meth:`_bound_arguments`)."""
 
-    def _get_result_meta(self, result: Any, state: str, traceback: Any, request: Any, format_date: bool = True,
-                         encode: bool = False) -> dict[str, Any]:
+    def _get_result_meta(
+        self, result: Any, state: str, traceback: Any, request: Any, format_date: bool = True, encode: bool = False
+    ) -> dict[str, Any]:
         meta: dict[str, Any] = super()._get_result_meta(  # type: ignore[misc]
-            result, state, traceback, request, format_date=format_date, encode=encode)
+            result, state, traceback, request, format_date=format_date, encode=encode
+        )
         if request is None:
             return meta
         self._bound_arguments(meta)
@@ -113,8 +116,9 @@ class StoreInOneStep:
     its request instead of making it (``ComputeTask._claim_delivery``). Three round trips fewer
     per task, and Celery's check and write can no longer be split by a concurrent store."""
 
-    def _store_result(self, task_id: str, result: Any, state: str, traceback: Any = None, request: Any = None,
-                      **kwargs: Any) -> Any:
+    def _store_result(
+        self, task_id: str, result: Any, state: str, traceback: Any = None, request: Any = None, **kwargs: Any
+    ) -> Any:
         meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)  # type: ignore[attr-defined]
         meta["task_id"] = bytes_to_str(task_id)
         value = self.encode(meta)  # type: ignore[attr-defined]
@@ -126,7 +130,8 @@ class StoreInOneStep:
         claim = self._claim_for(request) if state == states.STARTED else None
         key = self.get_key_for_task(task_id)  # type: ignore[attr-defined]
         _, previous = self.ensure(  # type: ignore[attr-defined]
-            self._store_unless_succeeded, (key, value, notice, state, claim))
+            self._store_unless_succeeded, (key, value, notice, state, claim)
+        )
         if claim is not None:
             setattr(request, CLAIMED, (ledger.Claim.load(previous),))
         return result
@@ -146,8 +151,9 @@ class StoreInOneStep:
         conf = self.app.conf  # type: ignore[attr-defined]
         return bool(conf.result_backend == conf.broker_url)
 
-    def _store_unless_succeeded(self, key: bytes, value: str, notice: str, state: str,
-                                claim: ledger.ClaimWrite | None) -> list[Any]:
+    def _store_unless_succeeded(
+        self, key: bytes, value: str, notice: str, state: str, claim: ledger.ClaimWrite | None
+    ) -> list[Any]:
         # Celery's expiry: result_failure_expires for a failure, result_expires otherwise
         expires = self.failure_expires if state == states.FAILURE else self.expires  # type: ignore[attr-defined]
         args: list[Any] = [value, int(expires) if expires else "", notice]

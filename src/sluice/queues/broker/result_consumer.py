@@ -44,8 +44,14 @@ class Notice:
     STATUS: ClassVar[str] = "STORED"
 
     def encode(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "status": self.STATUS, "result": {"state": self.state},
-                "traceback": None, "children": [], "date_done": None}
+        return {
+            "task_id": self.task_id,
+            "status": self.STATUS,
+            "result": {"state": self.state},
+            "traceback": None,
+            "children": [],
+            "date_done": None,
+        }
 
     @classmethod
     def read(cls, meta: dict[str, Any]) -> Notice | None:

@@ -41,8 +41,9 @@ class ReliableChannel(Forwarding, Leasing, Fetching, AckCarrying, EventPublishin
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.layout = RedisLayout(self.unacked_key, self.unacked_index_key, self.sep,
-                                  tuple(self.priority_steps), self.global_keyprefix)
+        self.layout = RedisLayout(
+            self.unacked_key, self.unacked_index_key, self.sep, tuple(self.priority_steps), self.global_keyprefix
+        )
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:

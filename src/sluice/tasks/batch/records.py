@@ -12,8 +12,9 @@ import json
 import math
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 #: How an item that has no result ended: execute() failed (resume skips it); the run was
 #: interrupted (resume runs it again); its chunk was lost for good to infrastructure, a worker
@@ -42,13 +43,13 @@ class Failure:
     """An item that failed (``execute()`` raised, or its chunk failed for good) or was cancelled."""
 
     id: str
-    status: str            #: FAILED, CANCELLED or LOST
-    error: str             #: the exception's type name ("Cancelled" for a cancelled item)
+    status: str  #: FAILED, CANCELLED or LOST
+    error: str  #: the exception's type name ("Cancelled" for a cancelled item)
     message: str
     traceback: str = ""
     worker: str | None = None
-    attempts: int | None = None   #: set when execute() itself raised
-    chunk: str | None = None      #: set when the item's whole chunk failed
+    attempts: int | None = None  #: set when execute() itself raised
+    chunk: str | None = None  #: set when the item's whole chunk failed
 
     @classmethod
     def of_chunk(cls, item_id: str, exc: BaseException | None, chunk: str) -> Failure:
@@ -71,14 +72,16 @@ def encode(record: Record) -> str:
         try:
             return json.dumps(asdict(record), allow_nan=False)
         except ValueError:
-            raise ValueError(f"{_non_finite(record.result, 'result')}: JSON has no NaN or infinity; "
-                             "return None or a string instead") from None
+            raise ValueError(
+                f"{_non_finite(record.result, 'result')}: JSON has no NaN or infinity; return None or a string instead"
+            ) from None
     data = {k: v for k, v in asdict(record).items() if v is not None or k not in ("attempts", "chunk")}
     return json.dumps(data, default=str)
 
 
-def execute_item(execute: Callable[[dict[str, Any]], Any], item: dict[str, Any], worker: str,
-                 attempt: int) -> tuple[str, str]:
+def execute_item(
+    execute: Callable[[dict[str, Any]], Any], item: dict[str, Any], worker: str, attempt: int
+) -> tuple[str, str]:
     """(id, the encoded record): what ``execute(item)`` returned, or how it failed. A worker and
     ``sluice compute --check`` both run items through this, so a result the sink cannot hold
     fails under ``--check`` exactly as it fails in a real run."""
@@ -90,15 +93,18 @@ def execute_item(execute: Callable[[dict[str, Any]], Any], item: dict[str, Any],
         raise
     except BaseException as exc:  # noqa: BLE001 - sys.exit() or a result JSON cannot hold fails this item alone
         message = str(exc) if isinstance(exc, Exception) else f"execute() raised {exc!r} for item {item['id']!r}"
-        return item["id"], encode(Failure(item["id"], FAILED, type(exc).__name__, message, traceback.format_exc(),
-                                          worker, attempt))
+        return item["id"], encode(
+            Failure(item["id"], FAILED, type(exc).__name__, message, traceback.format_exc(), worker, attempt)
+        )
 
 
 def _non_finite(value: Any, path: str) -> str:
     """Where in ``value`` the first NaN or infinity is, e.g. ``result["loss"] is nan``."""
     if isinstance(value, float) and not math.isfinite(value):
         return f"{path} is {value!r}"
-    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    children = (
+        value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    )
     for key, child in children:
         found = _non_finite(child, f"{path}[{key!r}]")
         if found:

@@ -51,7 +51,9 @@ class TaskFile:
     def load(cls, path: str | Path, argv: list[str] | None = None) -> TaskFile:
         path = Path(path)
         if not path.is_file():
-            raise ConfigurationError(f"task file {str(path)!r} does not exist; give a .py file with plan() and execute()")
+            raise ConfigurationError(
+                f"task file {str(path)!r} does not exist; give a .py file with plan() and execute()"
+            )
         return cls.from_source(str(path), path.read_text(), list(argv or []))
 
     @classmethod
@@ -64,8 +66,10 @@ class TaskFile:
             exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - running the user's task file
         for needed in ("plan", "execute"):
             if not callable(getattr(module, needed, None)):
-                raise ConfigurationError(f"task file {filename!r} has no {needed}() function; a task file defines "
-                                         "plan() (yields dicts with an 'id') and execute(item) (returns a dict)")
+                raise ConfigurationError(
+                    f"task file {filename!r} has no {needed}() function; a task file defines "
+                    "plan() (yields dicts with an 'id') and execute(item) (returns a dict)"
+                )
         compute = getattr(module, "COMPUTE", None)
         if compute is not None and not isinstance(compute, Compute):
             raise ConfigurationError(f"{filename}: COMPUTE={compute!r} must be a sluice.Compute")
@@ -74,8 +78,9 @@ class TaskFile:
     def sealed(self, run_id: str, secret: str | None) -> dict[str, str]:
         """The fields the driver stores for the run's workers, signed with ``secret`` and naming the
         run, so a signed task file cannot be planted under another run's id."""
-        return seal(secret, {"run": run_id, "filename": self.filename, "source": self.source,
-                             "argv": json.dumps(self.argv)})
+        return seal(
+            secret, {"run": run_id, "filename": self.filename, "source": self.source, "argv": json.dumps(self.argv)}
+        )
 
     @classmethod
     def unsealed(cls, run_id: str, stored: Mapping[bytes, bytes], secret: str | None) -> TaskFile:
@@ -84,11 +89,14 @@ class TaskFile:
         what = f"the task file of batch run {run_id!r}"
         if not stored:
             raise InvalidRequestError(f"refusing {what}: Redis holds none (the run's keys expired or were deleted)")
-        fields = unseal(secret, {k.decode(errors="replace"): v.decode(errors="replace") for k, v in stored.items()},
-                        what)
+        fields = unseal(
+            secret, {k.decode(errors="replace"): v.decode(errors="replace") for k, v in stored.items()}, what
+        )
         if fields.get("run") != run_id:
-            raise InvalidRequestError(f"refusing {what}: it is signed for batch run {fields.get('run')!r}, not this "
-                                      "one (copied from another run; nothing of it was run)")
+            raise InvalidRequestError(
+                f"refusing {what}: it is signed for batch run {fields.get('run')!r}, not this "
+                "one (copied from another run; nothing of it was run)"
+            )
         return cls.from_source(fields["filename"], fields["source"], json.loads(fields["argv"]))
 
     @property

@@ -40,16 +40,25 @@ class Call:
     gpu_memory: int | None = None
     max_gpu_memory: int | None = None
     stream: bool = False
-    session: str | None = None   #: the session this message opens
-    lease: float | None = None   #: the session's lease, in seconds
+    session: str | None = None  #: the session this message opens
+    lease: float | None = None  #: the session's lease, in seconds
 
     def encode(self) -> dict[str, Any]:
         """The fields to sign (JSON)."""
-        fields = {"protocol": PROTOCOL, "function": self.function, "python": self.python,
-                  "packages": list(self.packages), "hints": list(self.hints), "memory": self.memory,
-                  "max_memory": self.max_memory, "gpu": self.gpu, "gpu_memory": self.gpu_memory,
-                  "max_gpu_memory": self.max_gpu_memory, "stream": self.stream,
-                  "payload": signing.encode(self.payload)}
+        fields = {
+            "protocol": PROTOCOL,
+            "function": self.function,
+            "python": self.python,
+            "packages": list(self.packages),
+            "hints": list(self.hints),
+            "memory": self.memory,
+            "max_memory": self.max_memory,
+            "gpu": self.gpu,
+            "gpu_memory": self.gpu_memory,
+            "max_gpu_memory": self.max_gpu_memory,
+            "stream": self.stream,
+            "payload": signing.encode(self.payload),
+        }
         if self.session is not None:
             fields |= {"session": self.session, "lease": self.lease}
         return fields
@@ -58,11 +67,21 @@ class Call:
     def decode(cls, fields: dict[str, Any]) -> Call:
         """From unsealed fields; KeyError when a required one is missing."""
         session = fields.get("session")
-        return cls(str(fields["function"]), str(fields.get("python")), tuple(fields["packages"]),
-                   int(fields["memory"]), signing.decode(fields["payload"]), tuple(fields.get("hints") or ()),
-                   fields.get("max_memory"), bool(fields.get("gpu")), fields.get("gpu_memory"),
-                   fields.get("max_gpu_memory"), bool(fields.get("stream")),
-                   None if session is None else str(session), fields.get("lease"))
+        return cls(
+            str(fields["function"]),
+            str(fields.get("python")),
+            tuple(fields["packages"]),
+            int(fields["memory"]),
+            signing.decode(fields["payload"]),
+            tuple(fields.get("hints") or ()),
+            fields.get("max_memory"),
+            bool(fields.get("gpu")),
+            fields.get("gpu_memory"),
+            fields.get("max_gpu_memory"),
+            bool(fields.get("stream")),
+            None if session is None else str(session),
+            fields.get("lease"),
+        )
 
 
 @dataclass(frozen=True)
@@ -79,11 +98,21 @@ class Reply:
 
     def encode(self) -> dict[str, Any]:
         """The fields to sign (JSON)."""
-        return {"payload": signing.encode(self.payload), "output": list(self.output), "limits": list(self.limits),
-                "attempt": self.attempt, "worker": self.worker}
+        return {
+            "payload": signing.encode(self.payload),
+            "output": list(self.output),
+            "limits": list(self.limits),
+            "attempt": self.attempt,
+            "worker": self.worker,
+        }
 
     @classmethod
     def decode(cls, fields: dict[str, Any]) -> Reply:
         """From unsealed fields; KeyError when a required one is missing."""
-        return cls(signing.decode(fields["payload"]), list(fields["output"]), list(fields["limits"]),
-                   int(fields["attempt"]), fields.get("worker"))
+        return cls(
+            signing.decode(fields["payload"]),
+            list(fields["output"]),
+            list(fields["limits"]),
+            int(fields["attempt"]),
+            fields.get("worker"),
+        )

@@ -15,8 +15,10 @@ from packaging.utils import canonicalize_name
 
 from sluice.errors import InvalidPackageError
 
-ACCEPTED = ('a PEP 508 requirement: a bare name ("requests"), a pin ("numpy==1.26.0"), '
-            'a range ("pandas>=2,<3") or extras ("requests[socks]>=2.31")')
+ACCEPTED = (
+    'a PEP 508 requirement: a bare name ("requests"), a pin ("numpy==1.26.0"), '
+    'a range ("pandas>=2,<3") or extras ("requests[socks]>=2.31")'
+)
 
 
 def normalize_packages(entries: Iterable[object] | None) -> tuple[str, ...]:
@@ -28,8 +30,9 @@ def normalize_packages(entries: Iterable[object] | None) -> tuple[str, ...]:
     if entries is None:
         return ()
     if isinstance(entries, (str, bytes)):
-        raise InvalidPackageError(f"packages={entries!r} must be a list of requirements, not one string; "
-                                  f"each entry is {ACCEPTED}")
+        raise InvalidPackageError(
+            f"packages={entries!r} must be a list of requirements, not one string; each entry is {ACCEPTED}"
+        )
     if not isinstance(entries, (list, tuple, set, frozenset)):
         raise InvalidPackageError(f"packages={entries!r} must be a list of requirements; each entry is {ACCEPTED}")
     kept: dict[str, str] = {}
@@ -46,7 +49,8 @@ def parse_requirement(entry: object) -> Requirement:
         requirement = Requirement(entry.strip())
     except InvalidRequirement as exc:
         raise InvalidPackageError(
-            f"package {entry!r} is not a requirement ({str(exc).splitlines()[0]}); use {ACCEPTED}") from None
+            f"package {entry!r} is not a requirement ({str(exc).splitlines()[0]}); use {ACCEPTED}"
+        ) from None
     if requirement.url or requirement.marker:
         raise InvalidPackageError(f"package {entry!r} uses a URL or an environment marker; use {ACCEPTED}")
     if any(not spec.version for spec in requirement.specifier):
@@ -83,8 +87,9 @@ def plan_install(entries: Iterable[str], provided: Mapping[str, str | None]) -> 
         name = canonicalize_name(requirement.name)
         if name in provided and not requirement.extras:
             version = provided[name]
-            ignored.append(f"ignored {entry}: already provided by the base image"
-                           + (f" (version {version})" if version else ""))
+            ignored.append(
+                f"ignored {entry}: already provided by the base image" + (f" (version {version})" if version else "")
+            )
         else:
             install.append(entry)
     return InstallPlan(tuple(install), tuple(ignored))

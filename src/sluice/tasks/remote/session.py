@@ -45,8 +45,11 @@ class SessionReply:
 
     def encode(self) -> dict[str, Any]:
         """The fields to sign (JSON)."""
-        outcome = ({"error": self.error, "memory": self.memory} if self.error is not None
-                   else {"payload": signing.encode(self.payload or b"")})
+        outcome = (
+            {"error": self.error, "memory": self.memory}
+            if self.error is not None
+            else {"payload": signing.encode(self.payload or b"")}
+        )
         return {"n": self.n, "worker": self.worker, **outcome, "output": list(self.output), "limits": list(self.limits)}
 
     @classmethod
@@ -54,5 +57,12 @@ class SessionReply:
         """From unsealed fields; KeyError when a required one is missing."""
         error = fields.get("error")
         payload = None if error else signing.decode(fields["payload"])
-        return cls(int(fields["n"]), fields.get("worker"), list(fields["output"]), list(fields["limits"]), payload,
-                   error or None, bool(fields.get("memory")))
+        return cls(
+            int(fields["n"]),
+            fields.get("worker"),
+            list(fields["output"]),
+            list(fields["limits"]),
+            payload,
+            error or None,
+            bool(fields.get("memory")),
+        )

@@ -68,9 +68,9 @@ def _flush(client: Any, run_id: str, records: list[tuple[str, str]]) -> bool:
     return cancelled
 
 
-
-def record_chunk_failure(sender: Any = None, task_id: str = "", exception: BaseException | None = None,
-                         args: Any = None, **_: Any) -> None:
+def record_chunk_failure(
+    sender: Any = None, task_id: str = "", exception: BaseException | None = None, args: Any = None, **_: Any
+) -> None:
     """A chunk that failed for good (its worker lost, retries spent): every item of it without a
     record gets a failure record, so no accepted item is left waiting. Celery sends this signal
     from whichever process ended the task (pool process or main process)."""
@@ -88,5 +88,3 @@ def record_chunk_failure(sender: Any = None, task_id: str = "", exception: BaseE
     pipe.hset(results, mapping=lines)
     pipe.rpush(keys.run(run_id, RunPart.READY), *lines.values())
     pipe.execute()
-
-

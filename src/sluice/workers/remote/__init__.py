@@ -11,6 +11,11 @@ from sluice.workers.remote.call_task import run_remote, run_session
 from sluice.workers.remote.sandbox import close_retired
 
 #: Remote functions: workers run signed calls in sandboxes; ``remote_classes`` must name classes.
-REMOTE = Capability("remote", tasks={REMOTE_TASK: run_remote, SESSION_TASK: run_session},
-                    bootsteps=(RemoteWorkerStep,), signals=((signals.task_postrun, close_retired),),
-                    settings=RemoteSettings, check=remote_catalog)
+REMOTE = Capability(
+    "remote",
+    tasks={REMOTE_TASK: run_remote, SESSION_TASK: run_session},
+    bootsteps=(RemoteWorkerStep,),
+    signals=((signals.task_postrun, close_retired),),
+    settings=RemoteSettings,
+    check=remote_catalog,
+)

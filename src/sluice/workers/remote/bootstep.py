@@ -31,7 +31,8 @@ class RemoteWorkerStep(bootsteps.Step):
         settings = remote_settings(worker.app)
         self.settings = settings
         self.takes_calls = bool(worker.app.settings.signing_secret()) and any(
-            rc.name in remote_catalog(worker.app) for rc in core.classes)
+            rc.name in remote_catalog(worker.app) for rc in core.classes
+        )
         self.envs = EnvironmentCache(settings.envs_path, settings.env_cache_size)
         self.gpu_memory = gpu_memory() if any(rc.is_gpu for rc in core.classes) else None
         core.add_heartbeat_fields(self.fields)

@@ -84,16 +84,21 @@ def check_call(app: Any, request: Any, call: object) -> Call:
         raise InvalidRequestError(
             f"refusing remote call {fields.get('function')}: the client runs Python {fields.get('python')} and this "
             f"worker runs Python {python_version()}; cloudpickle needs the same major.minor on both sides "
-            f"(use a worker image with Python {fields.get('python')}, or call from Python {python_version()})")
+            f"(use a worker image with Python {fields.get('python')}, or call from Python {python_version()})"
+        )
     queue = (request.delivery_info or {}).get("routing_key") or ""
     if not accepts_remote(app, queue, app.node_name(request)):
-        raise InvalidRequestError(f"refusing remote call {fields.get('function')} on queue {queue!r}: it does not take "
-                                  f"remote calls (remote_classes: {remote_settings(app).remote_classes or 'all classes'})")
+        raise InvalidRequestError(
+            f"refusing remote call {fields.get('function')} on queue {queue!r}: it does not take "
+            f"remote calls (remote_classes: {remote_settings(app).remote_classes or 'all classes'})"
+        )
     wanted = fields.get("gpu_memory")
     have = gpu_memory() if wanted else None  # nvidia-smi only for the calls that reserve GPU memory
     if wanted and have is not None and have < wanted:
-        raise InvalidRequestError(f"refusing remote call {fields.get('function')}: it reserves {format_size(wanted)} "
-                                  f"of GPU memory and this worker's GPU has {format_size(have)}")
+        raise InvalidRequestError(
+            f"refusing remote call {fields.get('function')}: it reserves {format_size(wanted)} "
+            f"of GPU memory and this worker's GPU has {format_size(have)}"
+        )
     return Call.decode(fields)
 
 
@@ -102,8 +107,8 @@ class Room:
     """How big a sandbox may start and grow on this worker."""
 
     start: int
-    hard_max: int   #: the call's max_memory, else a share of the slot
-    here: int       #: what this worker's slot has left beside the pool process
+    hard_max: int  #: the call's max_memory, else a share of the slot
+    here: int  #: what this worker's slot has left beside the pool process
 
     @property
     def ceiling(self) -> int:
@@ -124,9 +129,11 @@ def prepared(task: Any, call: Call, output: CallOutput) -> Iterator[tuple[Path |
             if importlib.util.find_spec(module) is None:
                 output(f"sluice: the function imports {module}, which this worker does not have; list it in packages=")
     slot = Attempt.of(task, request, request.delivery_info).compute.memory_bytes or call.memory
-    room = Room(Headers.read(request).remote_start or call.memory,
-                call.max_memory or int(slot * settings.remote_memory_share),
-                slot - psutil.Process().memory_info().rss - WATCHDOG_MARGIN)
+    room = Room(
+        Headers.read(request).remote_start or call.memory,
+        call.max_memory or int(slot * settings.remote_memory_share),
+        slot - psutil.Process().memory_info().rss - WATCHDOG_MARGIN,
+    )
     cache = EnvironmentCache(settings.envs_path, settings.env_cache_size, settings.fresh_env_per_call)
     with cache.environment(plan, output) as env:
         if env is not None:
@@ -138,10 +145,18 @@ def prepared(task: Any, call: Call, output: CallOutput) -> Iterator[tuple[Path |
                 forget_template(env)  # the environment is removed next, so is its template
 
 
-def sandbox(env: Path | None, start: int, room: Room, settings: RemoteSettings, output: CallOutput,
-            close_later: bool = False) -> Sandbox:
-    return Sandbox(env, start, room.ceiling, output, settings.remote_growth_threshold, settings.remote_growth_factor,
-                   close_later=close_later)
+def sandbox(
+    env: Path | None, start: int, room: Room, settings: RemoteSettings, output: CallOutput, close_later: bool = False
+) -> Sandbox:
+    return Sandbox(
+        env,
+        start,
+        room.ceiling,
+        output,
+        settings.remote_growth_threshold,
+        settings.remote_growth_factor,
+        close_later=close_later,
+    )
 
 
 def run_remote(task: Any, message: dict[str, Any]) -> dict[str, Any]:
@@ -152,16 +167,20 @@ def run_remote(task: Any, message: dict[str, Any]) -> dict[str, Any]:
     headers = Headers.read(request)
     attempt = headers.attempt
     if attempt > 1:
-        output(f"sluice: retry (attempt 2 of 2) in a fresh sandbox: the previous attempt's sandbox "
-               f"{headers.remote_reason or 'ended without a complete response'}")
+        output(
+            f"sluice: retry (attempt 2 of 2) in a fresh sandbox: the previous attempt's sandbox "
+            f"{headers.remote_reason or 'ended without a complete response'}"
+        )
     with prepared(task, call, output) as (env, room):
         start = room.start
         while True:
             try:
                 with sandbox(env, start, room, settings, output, close_later=True) as box:
                     reply = box.call(call.payload)
-                return seal(app.settings.signing_secret(),
-                            Reply(reply, output.lines, box.limits, attempt, app.node_name(request)).encode())
+                return seal(
+                    app.settings.signing_secret(),
+                    Reply(reply, output.lines, box.limits, attempt, app.node_name(request)).encode(),
+                )
             except SandboxDied as died:
                 if attempt >= 2:
                     raise MemoryExhausted(
@@ -172,8 +191,10 @@ def run_remote(task: Any, message: dict[str, Any]) -> dict[str, Any]:
                 attempt, start = 2, min(int((died.killed_at or start) * settings.remote_growth_factor), room.hard_max)
                 if start > room.here:
                     _republish(task, call, start, str(died))
-                output(f"sluice: retrying once (attempt 2 of 2) in a fresh sandbox at {format_size(start)}: "
-                       f"the sandbox {died}")
+                output(
+                    f"sluice: retrying once (attempt 2 of 2) in a fresh sandbox at {format_size(start)}: "
+                    f"the sandbox {died}"
+                )
 
 
 def run_session(task: Any, message: dict[str, Any]) -> dict[str, Any]:
@@ -182,8 +203,9 @@ def run_session(task: Any, message: dict[str, Any]) -> dict[str, Any]:
     app, request, settings = task.app, task.request, remote_settings(task.app)
     call = check_call(app, request, message)
     secret, session = app.settings.signing_secret(), str(call.session)
-    calls, replies, lease = (keys.session(session, part) for part in (SessionPart.CALLS, SessionPart.REPLIES,
-                                                                         SessionPart.LEASE))
+    calls, replies, lease = (
+        keys.session(session, part) for part in (SessionPart.CALLS, SessionPart.REPLIES, SessionPart.LEASE)
+    )
     output = CallOutput(app.redis, keys.remote_output(request.id), False)
     served = 0
     with prepared(task, call, output) as (env, room), sandbox(env, room.start, room, settings, output) as box:
@@ -198,8 +220,10 @@ def run_session(task: Any, message: dict[str, Any]) -> dict[str, Any]:
             try:
                 payload = box.call(sent.payload)
             except SandboxDied as died:
-                error = (f"session {session}: the sandbox {died}; calls in a session are never retried "
-                         "(a new sandbox would lose the session's state), and the session has ended")
+                error = (
+                    f"session {session}: the sandbox {died}; calls in a session are never retried "
+                    "(a new sandbox would lose the session's state), and the session has ended"
+                )
                 memory = died.memory
             served += 1
             reply = SessionReply(sent.n, app.node_name(request), output.take(), box.limits, payload, error, memory)
@@ -216,8 +240,9 @@ def _republish(task: Any, call: Call, start: int, reason: str) -> None:
     slot = Compute.of(memory_bytes=target.slot.memory_bytes, gpu=target.slot.gpu)
     headers = {**(request.headers or {}), **Headers(2, slot, remote_start=start, remote_reason=reason).encode()}
     task.signature_from_request(request, queue=target.name, headers=headers).apply_async()
-    line = (f"remote call {call.function}[{request.id}]: the sandbox {reason}; retrying once at "
-            f"{format_size(start)} on {target.name} (attempt 2 of 2)")
+    line = (
+        f"remote call {call.function}[{request.id}]: the sandbox {reason}; retrying once at "
+        f"{format_size(start)} on {target.name} (attempt 2 of 2)"
+    )
     log.warning(line)
     raise Retry(line)
-

@@ -52,8 +52,9 @@ def uv_binary() -> str:
     except (ImportError, FileNotFoundError):
         found = shutil.which("uv")
         if found is None:
-            raise InvalidRequestError("cannot install packages: uv is not installed on this worker "
-                                      "(pip install uv)") from None
+            raise InvalidRequestError(
+                "cannot install packages: uv is not installed on this worker (pip install uv)"
+            ) from None
         return found
 
 
@@ -62,15 +63,17 @@ def install(entries: tuple[str, ...], target: Path, output: Callable[[str], None
     command = [uv_binary(), "pip", "install", "--target", str(target), "--python", sys.executable, *entries]
     output(f"installing {' '.join(entries)}")
     lines: list[str] = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=os.environ | {"NO_COLOR": "1"}) as process:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | {"NO_COLOR": "1"}
+    ) as process:
         assert process.stdout is not None
         for line in process.stdout:
             lines.append(line.rstrip())
             output(line.rstrip())
     if process.returncode != 0:
-        raise InvalidRequestError(f"installing {' '.join(entries)} failed (uv exit {process.returncode}):\n"
-                                  + "\n".join(lines))
+        raise InvalidRequestError(
+            f"installing {' '.join(entries)} failed (uv exit {process.returncode}):\n" + "\n".join(lines)
+        )
 
 
 class EnvironmentCache:
@@ -104,8 +107,9 @@ class EnvironmentCache:
         aliases = self.root / "requested"
         if not aliases.is_dir():
             return []
-        return sorted(alias.name for alias in aliases.iterdir()
-                      if (self.root / alias.read_text().strip() / READY).exists())
+        return sorted(
+            alias.name for alias in aliases.iterdir() if (self.root / alias.read_text().strip() / READY).exists()
+        )
 
     def cached(self, plan: InstallPlan, output: Callable[[str], None]) -> Path:
         path = self.root / plan.key
@@ -150,4 +154,3 @@ class EnvironmentCache:
 
 def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
-

@@ -56,8 +56,12 @@ class Template:
         with theirs:
             self.process = subprocess.Popen(
                 [sys.executable, sandbox_main.__file__, str(env or ""), str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                env=os.environ | {"PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent)
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env=os.environ | {"PYTHONUNBUFFERED": "1"},
+                preexec_fn=die_with_parent,
+            )
         self.ended: dict[int, int] = {}
 
     def fork(self, workdir: str, fds: tuple[int, int, int]) -> int:
@@ -144,7 +148,10 @@ class Forked:
         """Fork one from the template of ``env``, starting that template (again, if it had gone)."""
         workdir = tempfile.TemporaryDirectory(prefix="sluice-sandbox-")
         (requests_read, requests_write), (replies_read, replies_write), (output_read, output_write) = (
-            os.pipe(), os.pipe(), os.pipe())
+            os.pipe(),
+            os.pipe(),
+            os.pipe(),
+        )
         theirs = (requests_read, replies_write, output_write)
         try:
             for last_try in (False, True):
@@ -168,8 +175,16 @@ class Forked:
             process: psutil.Process | None = psutil.Process(pid)
         except psutil.Error:
             process = None
-        return cls(env, template, pid, process, os.fdopen(requests_write, "wb"), os.fdopen(replies_read, "rb"),
-                   os.fdopen(output_read, "rb"), workdir)
+        return cls(
+            env,
+            template,
+            pid,
+            process,
+            os.fdopen(requests_write, "wb"),
+            os.fdopen(replies_read, "rb"),
+            os.fdopen(output_read, "rb"),
+            workdir,
+        )
 
     def alive(self) -> bool:
         try:
@@ -240,9 +255,17 @@ class Sandbox:
     With ``close_later`` a block that ends without an exception retires the sandbox instead of
     ending it (see :func:`close_retired`)."""
 
-    def __init__(self, env: Path | None, start: int, ceiling: int, output: Callable[[str], None],
-                 threshold: float = 0.9, factor: float = 2.0, interval: float = 0.01,
-                 close_later: bool = False) -> None:
+    def __init__(
+        self,
+        env: Path | None,
+        start: int,
+        ceiling: int,
+        output: Callable[[str], None],
+        threshold: float = 0.9,
+        factor: float = 2.0,
+        interval: float = 0.01,
+        close_later: bool = False,
+    ) -> None:
         self.env = env
         self.close_later = close_later
         self.limit = min(start, ceiling)
@@ -261,8 +284,10 @@ class Sandbox:
     def __enter__(self) -> Sandbox:
         close_retired()  # at most one retired sandbox lingers, even if no task_postrun came
         self.forked = _take_spare(self.env) or Forked.start(self.env)
-        self._threads = [threading.Thread(target=self._read_output, daemon=True, name="sluice-sandbox-output"),
-                         threading.Thread(target=self._monitor, daemon=True, name="sluice-sandbox-memory")]
+        self._threads = [
+            threading.Thread(target=self._read_output, daemon=True, name="sluice-sandbox-output"),
+            threading.Thread(target=self._monitor, daemon=True, name="sluice-sandbox-memory"),
+        ]
         for thread in self._threads:
             thread.start()
         return self
@@ -289,8 +314,10 @@ class Sandbox:
 
     def _death(self) -> str:
         if self.killed_at is not None:
-            return (f"killed for memory: used {format_size(self.peak)}, over its limit of {format_size(self.killed_at)} "
-                    f"(limits {' -> '.join(format_size(x) for x in self.limits)})")
+            return (
+                f"killed for memory: used {format_size(self.peak)}, over its limit of {format_size(self.killed_at)} "
+                f"(limits {' -> '.join(format_size(x) for x in self.limits)})"
+            )
         code = self.exit_code
         if code is not None and code < 0:
             return f"crashed: it was killed by signal {signal.Signals(-code).name} without a complete response"
@@ -327,8 +354,10 @@ class Sandbox:
             self.peak = max(self.peak, rss)
             while rss > self.threshold * self.limit and self.limit < self.ceiling:
                 grown = min(int(self.limit * self.factor), self.ceiling)
-                self.output(f"sluice: memory {format_size(rss)} passed {self.threshold:.0%} of the "
-                            f"{format_size(self.limit)} limit; limit raised to {format_size(grown)}")
+                self.output(
+                    f"sluice: memory {format_size(rss)} passed {self.threshold:.0%} of the "
+                    f"{format_size(self.limit)} limit; limit raised to {format_size(grown)}"
+                )
                 self.limit = grown
                 self.limits.append(grown)
             if rss > self.limit:
