@@ -8,7 +8,7 @@ from sluice.tasks.remote.classes import remote_catalog
 from sluice.tasks.remote.settings import RemoteSettings
 from sluice.workers.remote.bootstep import RemoteWorkerStep
 from sluice.workers.remote.call_task import run_remote, run_session
-from sluice.workers.remote.sandbox import close_retired
+from sluice.workers.remote.pools import close_retired
 
 #: Remote functions: workers run signed calls in sandboxes; ``remote_classes`` must name classes.
 REMOTE = Capability(

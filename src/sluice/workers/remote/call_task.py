@@ -35,7 +35,8 @@ from sluice.tasks.remote.settings import RemoteSettings, remote_settings
 from sluice.units import format_size
 from sluice.workers.gpu import gpu_memory
 from sluice.workers.remote.package_envs import EnvironmentCache, base_distributions
-from sluice.workers.remote.sandbox import Sandbox, forget_template
+from sluice.workers.remote.pools import forget_template
+from sluice.workers.remote.sandbox import Sandbox
 
 log = logging.getLogger("sluice.remote")
 
