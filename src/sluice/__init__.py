@@ -71,6 +71,8 @@ __all__ = [*_EXPORTS, "default_capabilities"]
 
 def default_capabilities() -> list[Capability]:
     """What every App can do unless built with ``capabilities=``: batch runs, remote functions, assets."""
+    # The capability list, the one way the core reaches a capability: imported when an App asks for
+    # it, since each capability imports the App (and ``import sluice`` stays light).
     from sluice.assets.capability import ASSETS
     from sluice.workers.batch import BATCH
     from sluice.workers.remote import REMOTE

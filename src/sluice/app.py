@@ -23,6 +23,7 @@ from sluice.queues.routing import ComputeRouter
 from sluice.queues.task_catalog import TaskDirectory
 from sluice.tasks import memory_profile
 from sluice.tasks.base import ComputeTask
+from sluice.tasks.memory_profile import ProfileCache
 from sluice.tasks.retry import RetryPolicy
 from sluice.workers.bootstep import SluiceWorkerStep
 
@@ -276,7 +277,7 @@ class App(Celery):
         return memory_profile.read(self.redis, task_name)
 
     @functools.cached_property
-    def memory_profiles(self) -> memory_profile.ProfileCache:
+    def memory_profiles(self) -> ProfileCache:
         """Observed memory, cached here: resolves ``memory="auto"`` without a round trip per task."""
         return memory_profile.ProfileCache(lambda: self.redis)
 

@@ -45,7 +45,7 @@ class Capability:
     worker_options: tuple[click.Option, ...] = ()
     signals: tuple[tuple[Signal, Callable[..., Any]], ...] = ()
     settings: type[Section] | None = None
-    check: Callable[[App], None] | None = None
+    check: Callable[[App], object] | None = None
 
     def install(self, app: App) -> None:
         """Add everything this capability declares to ``app``."""

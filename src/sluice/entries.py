@@ -45,6 +45,20 @@ def loads(raw: bytes | str) -> Any:
     return json.loads(raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw)
 
 
+def text(raw: bytes | str) -> str:
+    """An entry as a string, its bytes strictly UTF-8. redis-py's types say a reply holds
+    ``bytes | str``; sluice's clients, which never decode responses, give bytes."""
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def blob(raw: bytes | str) -> bytes:
+    """An entry's bytes, as sluice's clients (which never decode responses) return them; a
+    string, from a client that does, is a ``TypeError`` (an entry that cannot be read)."""
+    if isinstance(raw, str):
+        raise TypeError(f"expected bytes from Redis, got a string: {raw[:60]!r} (a client decoding responses?)")
+    return raw
+
+
 def decode_one(what: str, entry: E, decode: Callable[[E], T], default: D) -> T | D:
     """``decode(entry)``, or ``default`` (logged and counted as ``what``) if it cannot be read."""
     try:

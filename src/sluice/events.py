@@ -31,7 +31,7 @@ class EventDispatcher(CeleryEventDispatcher):
     ) -> Any:  # noqa: N803 - Celery's signature
         channel = getattr(producer, "channel", None)
         direct = getattr(channel, "publish_event", None)
-        if direct is not None and channel.takes_events(self.exchange.name):
+        if channel is not None and direct is not None and channel.takes_events(self.exchange.name):
             event = Event(
                 type,
                 hostname=self.hostname,

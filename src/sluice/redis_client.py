@@ -11,7 +11,7 @@ the same (see :func:`retry_settings`). Past that bound the error surfaces, as
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -20,10 +20,8 @@ from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
+from sluice.config import Settings
 from sluice.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from sluice.config import Settings
 
 #: Celery's and kombu's scheme for a broker reached through Redis Sentinel, and its default port.
 SENTINEL_SCHEME, SENTINEL_PORT = "sentinel", 26379
@@ -66,7 +64,8 @@ def is_sentinel(url: str) -> bool:
 def sentinel_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     """The Sentinels of ``sentinel://[:password@]host:port[/db];sentinel://host2:port...`` (Celery's
     and kombu's form) and the master's connection options (password, username, db) from the first."""
-    nodes, options = [], {}
+    nodes: list[tuple[str, int]] = []
+    options: dict[str, Any] = {}
     for part in url.split(";"):
         parsed = urlsplit(part.strip())
         if parsed.scheme != SENTINEL_SCHEME or not parsed.hostname:
@@ -86,8 +85,6 @@ def sentinel_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
 
 def sentinel_master(url: str, settings: Settings | None = None, **kwargs: Any) -> redis.Redis:
     """A client on the current master of the group ``settings.sentinel_master`` names."""
-    from sluice.config import Settings
-
     settings = settings or Settings.load()
     name = require_master_name(url, settings)
     nodes, options = sentinel_nodes(url)

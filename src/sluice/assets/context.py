@@ -16,7 +16,7 @@ class AssetContext:
     asset_name: str
     attempt: int
     compute: Compute
-    log: logging.LoggerAdapter = field(repr=False)  # type: ignore[type-arg]
+    log: logging.LoggerAdapter[logging.Logger] = field(repr=False)
 
     @classmethod
     def create(cls, run_id: str, asset_name: str, attempt: int, compute: Compute) -> AssetContext:

@@ -128,6 +128,7 @@ class KubernetesExecutor(Executor):
     """Every step is the built-in task ``sluice.assets.run_step``, routed by the step's compute."""
 
     name = "kubernetes"
+    store: RedisStore  #: the workers read and write the step values too (signed with its secret)
 
     def __init__(
         self,

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import cloudpickle
 import redis
 
-from sluice import keys
+from sluice import entries, keys
 from sluice.errors import ValueMissing
 from sluice.signing import sign, verify
 
@@ -68,6 +68,7 @@ class RedisStore:
         data = self.client.get(keys.asset_value(run_id, asset))
         if data is None:
             raise ValueMissing(f"no stored value for asset {asset!r} of run {run_id} (expired, or never materialized)")
+        data = entries.blob(data)
         if data.startswith(_POINTER):
             data = Path(data[len(_POINTER) :].decode()).read_bytes()
         return cloudpickle.loads(verify(self.secret, data, f"the value of asset {asset!r} of run {run_id}"))

@@ -35,11 +35,11 @@ def _broker(settings: Settings) -> redis.Redis | None:
 
 def _on_broker(client: redis.Redis) -> set[str]:
     """Ids of the runs whose task file is on the broker (every run publishes it first)."""
-    head, tail = keys.run("\0", "source").split("\0")
+    head, tail = keys.run("\0", keys.RunPart.SOURCE).split("\0")
     return set(
         entries.decode_each(
             "run key name",
-            client.scan_iter(match=keys.run("*", "source")),
+            client.scan_iter(match=keys.run("*", keys.RunPart.SOURCE)),
             lambda key: key.decode()[len(head) : -len(tail)],
         )
     )

@@ -28,6 +28,7 @@ from kubernetes import client as k8s
 
 from sluice.deploy.manifests import worker_name
 from sluice.deploy.platform import labels
+from sluice.errors import ClusterUnavailable
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.status import ClassStatus, class_status, demand
 from sluice.workers.periodic import Periodic
@@ -86,7 +87,8 @@ class Autoscaler(Periodic):
 
     def reconcile(self, rc: ResourceClass, status: ClassStatus) -> int:
         name = worker_name(rc)
-        current = self.apps.read_namespaced_deployment_scale(name, self.namespace).spec.replicas or 0
+        spec = self.apps.read_namespaced_deployment_scale(name, self.namespace).spec
+        current = (spec.replicas or 0) if spec is not None else 0  # unset: none wanted
         target = replicas_needed(status, rc, demand(self.control.app, self.client, rc.name) if rc.pack else None)
         if target > current:
             return self._scale(rc, current, min(target, current + self.max_step_up), status, "work waiting")
@@ -99,17 +101,18 @@ class Autoscaler(Periodic):
     def _scale_down(self, rc: ResourceClass, current: int, target: int, status: ClassStatus) -> int:
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=_selector(labels("worker", rc.name)))
         by_pod = {host.split("@", 1)[-1]: host for host in (*status.busy, *status.idle)}
-        idle_pods = [p.metadata.name for p in pods.items if by_pod.get(p.metadata.name) in status.idle]
-        unknown = [p.metadata.name for p in pods.items if p.metadata.name not in by_pod]  # starting, no heartbeat yet
+        names = [_pod_name(pod, self.namespace) for pod in pods.items]
+        idle_pods = [n for n in names if by_pod.get(n) in status.idle]
+        unknown = [n for n in names if n not in by_pod]  # starting, no heartbeat yet
         victims = (unknown + idle_pods)[: current - target]
         target = current - len(victims)
         if not victims:
             return current
-        for pod in pods.items:
-            host = by_pod.get(pod.metadata.name)
-            cost = -1000 if pod.metadata.name in victims else (1000 if host in status.busy else 0)
+        for pod_name in names:
+            host = by_pod.get(pod_name)
+            cost = -1000 if pod_name in victims else (1000 if host in status.busy else 0)
             self.core.patch_namespaced_pod(
-                pod.metadata.name, self.namespace, {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
+                pod_name, self.namespace, {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
             )
         drained = [by_pod[p] for p in victims if p in by_pod]
         intake = self.control.app.settings.intake_queue  # a sluice App's control
@@ -132,6 +135,15 @@ class Autoscaler(Periodic):
             len(status.busy),
         )
         return target
+
+
+def _pod_name(pod: k8s.V1Pod, namespace: str) -> str:
+    """A listed pod's name (the API's types leave every field optional; a pod always has one)."""
+    if pod.metadata is None or not pod.metadata.name:
+        raise ClusterUnavailable(
+            f"the Kubernetes API listed a pod without a name in namespace {namespace!r}: {pod!r:.200}"
+        )
+    return pod.metadata.name
 
 
 def _selector(selector: dict[str, str]) -> str:

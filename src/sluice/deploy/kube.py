@@ -63,10 +63,10 @@ def _call(
         header_params={"Content-Type": content_type, "Accept": "application/json"},
     )
     response = api.call_api(method, url, header_params=headers, body=body)
-    response.read()
+    data = response.read()
     if response.status >= 400:
         raise ApiException(http_resp=response)
-    return json.loads(response.data)
+    return json.loads(data)
 
 
 def live(api: k8s.ApiClient, manifest: Manifest) -> Manifest | None:
@@ -104,7 +104,7 @@ def apply(api: k8s.ApiClient, manifests: Iterable[Manifest], dry_run: bool = Fal
 
 def diff(api: k8s.ApiClient, manifests: Iterable[Manifest]) -> str:
     """A unified diff, per object, of the fields sluice sets: live (or nothing) -> rendered."""
-    chunks = []
+    chunks: list[str] = []
     for manifest in manifests:
         current = live(api, manifest)
         name = f"{manifest['kind']}/{manifest['metadata']['name']}"

@@ -99,9 +99,9 @@ class ClassMetrics(Collector):
         yield unreadable
 
 
-def _forwards(item: tuple[bytes, bytes]) -> tuple[str, str, int]:
+def _forwards(item: tuple[bytes | str, bytes | str]) -> tuple[str, str, int]:
     """One field of the forward counts: ``"<from> <to>"`` -> how many."""
-    source, _, target = item[0].decode().partition(" ")
+    source, _, target = entries.text(item[0]).partition(" ")
     return source, target, int(item[1])
 
 

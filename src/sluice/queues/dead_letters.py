@@ -61,7 +61,9 @@ def read(
     """Up to ``count`` dead letters of ``queue`` from number ``start`` on, newest first, each with its number."""
     found = client.lrange(layout.dead_letters(queue), start, start + count - 1)
     return entries.decode_each(
-        "dead letter", enumerate(found, start), lambda numbered: (numbered[0], DeadLetter.decode(numbered[1]))
+        "dead letter",
+        enumerate(found, start),
+        lambda numbered: (numbered[0], DeadLetter.decode(entries.blob(numbered[1]))),
     )
 
 
@@ -70,7 +72,9 @@ def requeue(client: redis.Redis, layout: RedisLayout, queue: str, number: int | 
     Returns how many went back (an entry another ``requeue`` or ``purge`` took meanwhile is skipped)."""
     dead = layout.dead_letters(queue)
     found = entries.decode_each(
-        "dead letter", _entries(client, dead, queue, number), lambda entry: (entry, DeadLetter.decode(entry))
+        "dead letter",
+        _entries(client, dead, queue, number),
+        lambda entry: (entry, DeadLetter.decode(entries.blob(entry))),
     )
     moved = 0
     for entry, letter in found:
@@ -84,13 +88,17 @@ def purge(client: redis.Redis, layout: RedisLayout, queue: str, number: int | No
     """Delete dead letters of ``queue`` for good: one (``number``) or all. Returns how many."""
     dead = layout.dead_letters(queue)
     if number is None:
-        count, _ = client.pipeline().llen(dead).delete(dead).execute()
+        pipe = client.pipeline()
+        pipe.llen(dead)
+        pipe.delete(dead)
+        count, _ = pipe.execute()
         return int(count)
     entry = _entries(client, dead, queue, number)[0]
-    return int(client.lrem(dead, 1, entry))
+    # redis-py types LREM's value as str; it sends bytes as they are
+    return int(client.lrem(dead, 1, entry))  # type: ignore[arg-type]
 
 
-def _entries(client: redis.Redis, dead: str, queue: str, number: int | None) -> list[bytes]:
+def _entries(client: redis.Redis, dead: str, queue: str, number: int | None) -> list[bytes | str]:
     if number is None:
         return list(reversed(client.lrange(dead, 0, -1)))  # oldest first: they go back in order
     entry = client.lindex(dead, number)

@@ -95,7 +95,7 @@ def read(client: redis.Redis) -> dict[str, TaskEntry]:
     found = entries.decode_each(
         "task catalog entry",
         client.hgetall(keys.TASK_CATALOG).items(),
-        lambda item: TaskEntry.decode(item[0].decode(), item[1]),
+        lambda item: TaskEntry.decode(entries.text(item[0]), item[1]),
     )
     return {entry.name: entry for entry in found}
 

@@ -16,7 +16,7 @@ single worker; here every call is its own task, routed, retried and escalated on
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from contextlib import contextmanager
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -52,13 +52,14 @@ class BulkResult(ResultSet):
     offers no ``then()`` callback."""
 
     _armed = False
+    _results: list[AsyncResult] | None  #: made when first asked for (see ``results``)
 
     def __init__(self, ids: list[str], app: Any = None) -> None:
         self._ids = ids
         super().__init__(None, app=app, ready_barrier=barrier())
 
     @property
-    def results(self) -> list[AsyncResult]:  # type: ignore[override]
+    def results(self) -> list[AsyncResult]:
         if self._results is None:
             self._results = [self.app.AsyncResult(task_id) for task_id in self._ids]
         return self._results
@@ -115,7 +116,7 @@ def delay_many(
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ConfigurationError(f"chunk={chunk!r}: the calls per pipeline must be a positive int, e.g. 1000")
     calls = (tuple(item) if isinstance(item, (tuple, list)) else (item,) for item in items)
-    total = len(items) if hasattr(items, "__len__") else None
+    total = len(items) if isinstance(items, Sized) else None
     app = task.app
     route = app.amqp.router.route({}, task.name, (), {}, task)
     if _needs_apply_async(task, route["queue"]):

@@ -33,7 +33,7 @@ def read(client: redis.Redis, task_id: str) -> list[AttemptRecord]:
     return _records(client.lrange(keys.attempts(task_id), 0, -1))
 
 
-def _records(items: list[bytes]) -> list[AttemptRecord]:
+def _records(items: list[bytes | str]) -> list[AttemptRecord]:
     """The attempt records of a history (one that does not decode is skipped)."""
     return entries.decode_each("attempt record", items, lambda item: AttemptRecord.decode(entries.loads(item)))
 

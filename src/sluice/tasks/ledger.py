@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 
@@ -31,7 +32,7 @@ class Claim:
     at: float
 
     @classmethod
-    def load(cls, raw: bytes | None) -> Claim | None:
+    def load(cls, raw: bytes | str | None) -> Claim | None:
         return None if raw is None else cls(**json.loads(raw))
 
     def dump(self) -> str:
@@ -54,7 +55,8 @@ class ClaimWrite:
 
 def claim(client: redis.Redis, write: ClaimWrite) -> Claim | None:
     """Record that this worker runs the attempt now; return the claim it replaced, if any."""
-    return Claim.load(client.set(write.key, write.value, ex=write.ttl, get=True))
+    old = client.set(write.key, write.value, ex=write.ttl, get=True)
+    return Claim.load(cast("bytes | None", old))  # SET ... GET replies with the old value or nil, never a bool
 
 
 def current(client: redis.Redis, task_id: str) -> Claim | None:

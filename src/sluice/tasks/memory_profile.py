@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -90,7 +90,8 @@ def _field(item: tuple[bytes, bytes]) -> tuple[str, int]:
 
 def observed_tasks(client: redis.Redis) -> list[str]:
     """Every task name with at least one observation."""
-    return entries.decode_each("observed task name", client.zrange(keys.MEMORY_PEAKS, 0, -1), bytes.decode)
+    names = cast("list[bytes | str]", client.zrange(keys.MEMORY_PEAKS, 0, -1))  # no withscores: members only
+    return entries.decode_each("observed task name", names, entries.text)
 
 
 def reset(client: redis.Redis, task: str) -> bool:

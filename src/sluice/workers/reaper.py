@@ -117,7 +117,7 @@ class OrphanReaper(Periodic):
         headers = held.message.get("headers") or {}
         task_id = held.task_id
         claim = ledger.current(self.client, task_id) if task_id else None
-        if claim is not None and claim.attempt == attempt_of(headers):
+        if task_id and claim is not None and claim.attempt == attempt_of(headers):
             return not ledger.holder_running(self.client, task_id, claim)
         since = self.layout.held_since(self.client, held.tag) or now
         eta = headers.get("eta")
@@ -125,7 +125,7 @@ class OrphanReaper(Periodic):
         return now - due > self.grace
 
 
-def _rehomed(raw: bytes) -> tuple[bytes, dict[str, Any], str | None]:
+def _rehomed(raw: bytes | str) -> tuple[bytes | str, dict[str, Any], str | None]:
     """A message waiting in a worker's own queue: as it was, routed to its home queue, and that
     home (None: it has none, and stays)."""
     message = message_of(raw)

@@ -13,8 +13,8 @@ are :mod:`recovery`'s, failing workers :mod:`quarantine`'s, the end of a run and
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
 from celery import states
 
@@ -102,7 +102,9 @@ class Driver:
         task file a holder of the secret did not store)."""
         pipe = self.client.pipeline()
         pipe.delete(self.key(RunPart.SOURCE), self.key(RunPart.CANCEL))
-        pipe.hset(self.key(RunPart.SOURCE), mapping=self.task_file.sealed(self.settings.run_id, self.secret))
+        sealed = self.task_file.sealed(self.settings.run_id, self.secret)
+        # redis-py's mapping= has invariant keys of a wide union, so it refuses a dict[str, str]
+        pipe.hset(self.key(RunPart.SOURCE), mapping=sealed)  # type: ignore[arg-type]
         pipe.execute()
 
     def reset(self) -> None:
@@ -219,14 +221,15 @@ class Driver:
 
     def collect(self, block: bool) -> None:
         """Take the records workers handed over (waiting up to 0.2 s for one when ``block``)."""
-        lines = self.client.lpop(self.key(RunPart.READY), 5000)
+        # LPOP with a count replies with a list, or nil when the list is empty (never one entry)
+        lines = cast("list[bytes | str] | None", self.client.lpop(self.key(RunPart.READY), 5000))
         if not lines and block:
             popped = self.client.blpop([self.key(RunPart.READY)], timeout=0.2)
             lines = [popped[1]] if popped else []
         if lines:
             self.write(lines)
 
-    def write(self, lines: list[bytes] | list[str], only_waiting: bool = True) -> list[Record]:
+    def write(self, lines: Sequence[bytes | str], only_waiting: bool = True) -> list[Record]:
         """Sink encoded records and count them; returns those sunk. A record for an id no longer
         awaited (a redelivered chunk reporting twice) is dropped: each id lands once. A line that
         does not decode is skipped (logged and counted): its id stays awaited."""

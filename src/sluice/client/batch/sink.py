@@ -125,7 +125,8 @@ class Sink:
 
     def write(self, records: Iterable[Record]) -> None:
         """Append records (successes to ready.ndjson, failures to failures.ndjson) and flush."""
-        ready, failures = [], []
+        ready: list[str] = []
+        failures: list[str] = []
         for record in records:
             (ready if isinstance(record, Ready) else failures).append(encode(record) + "\n")
         for handle, lines in ((self._ready, ready), (self._failures, failures)):

@@ -76,9 +76,10 @@ class Budget:
             if size == 0:
                 raise ConfigurationError(f'{name}: {key}=0 must be a size greater than zero, e.g. "512Mi"')
         for start, ceiling in (("memory", "max_memory"), ("gpu_memory", "max_gpu_memory")):
-            if sizes[start] is not None and sizes[ceiling] is not None and sizes[ceiling] < sizes[start]:
+            low, high = sizes[start], sizes[ceiling]
+            if low is not None and high is not None and high < low:
                 raise ConfigurationError(
-                    f"{name}: {ceiling}={format_size(sizes[ceiling])} is below {start}={format_size(sizes[start])}; "
+                    f"{name}: {ceiling}={format_size(high)} is below {start}={format_size(low)}; "
                     f"a ceiling must be at least its starting value"
                 )
         if gpu is not None and not isinstance(gpu, bool):
@@ -172,7 +173,8 @@ class RemoteFunction(Generic[P, R]):
 
     def map(self, items: Iterable[Any], timeout: float | None = None) -> list[R]:
         """Call the function once per item, all at once; values in the order of the items."""
-        calls = [self.spawn(item) for item in items]
+        spawn: Callable[..., RemoteCall[R]] = self.spawn  # each item is the one argument: P cannot say so
+        calls = [spawn(item) for item in items]
         deadline = None if timeout is None else time.monotonic() + timeout
         return [call.get(None if deadline is None else max(0.0, deadline - time.monotonic())) for call in calls]
 

@@ -21,6 +21,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
+from redis.connection import ConnectionInterface
 from redis.exceptions import NoScriptError
 
 from sluice import keys
@@ -45,6 +46,10 @@ class Fetching(kombu_redis.Channel):
     _waiting = False
     #: A bell token was taken by the wait that preceded this fetch.
     _woken = False
+    # kombu's Channel declares these False and None only; they hold the connection a fetch or
+    # wait is in flight on (None or False: none) and when it was sent (time.monotonic()).
+    _in_poll: ConnectionInterface | bool | None  # type: ignore[assignment]
+    _brpop_sent_at: float | None  # type: ignore[assignment]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.fetched: set[str] = set()

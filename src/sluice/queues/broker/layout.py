@@ -17,7 +17,7 @@ import base64
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery.utils.nodenames import worker_direct
@@ -58,7 +58,7 @@ def envelope(message: Any) -> dict[str, Any]:
     return message
 
 
-def message_of(raw: bytes) -> dict[str, Any]:
+def message_of(raw: bytes | str) -> dict[str, Any]:
     """A message as it waits on a queue (JSON bytes), decoded."""
     return envelope(entries.loads(raw))
 
@@ -136,7 +136,8 @@ class RedisLayout:
     def held_entries(self, client: redis.Redis) -> tuple[list[Held], list[tuple[tuple[bytes, bytes], Exception]]]:
         """Every message delivered to a worker and not acknowledged yet, and apart the (tag, entry)
         pairs that do not decode (with why): a worker may hold a message sluice cannot read."""
-        return entries.split("held message", client.hgetall(self.unacked()).items(), lambda item: Held.decode(*item))
+        held = cast("dict[bytes, bytes]", client.hgetall(self.unacked()))  # sluice's clients never decode responses
+        return entries.split("held message", held.items(), lambda item: Held.decode(*item))
 
     def held(self, client: redis.Redis) -> list[Held]:
         """Every message delivered to a worker and not acknowledged yet (one that does not decode is skipped)."""
@@ -163,7 +164,9 @@ class RedisLayout:
     def bound_queues(self, client: redis.Redis, exchange: str) -> list[str]:
         """The queues bound to an exchange (for Celery's direct exchange: every worker's own queue)."""
         members = client.smembers(self.key(Channel.keyprefix_queue % exchange))
-        return entries.decode_each("queue binding", members, lambda member: member.decode().rsplit(self.sep, 1)[-1])
+        return entries.decode_each(
+            "queue binding", members, lambda member: entries.text(member).rsplit(self.sep, 1)[-1]
+        )
 
 
 #: A kombu queue (what Celery routes a message to when a name is not enough).
@@ -203,7 +206,7 @@ def task_states(client: redis.Redis, app: Any, task_ids: list[str]) -> list[str 
     """Each task's stored state (None: nothing stored yet, or nothing readable), in one round trip."""
     metas = client.mget([task_meta_key(app, task_id) for task_id in task_ids])
 
-    def status(raw: bytes) -> str:
+    def status(raw: bytes | str) -> str:
         try:
             return str(app.backend.decode(raw)["status"])
         except DecodeError as exc:  # kombu's, not a ValueError

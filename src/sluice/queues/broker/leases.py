@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+from kombu import Connection
 from kombu.transport import redis as kombu_redis
 
 log = logging.getLogger("sluice.transport")
@@ -37,6 +38,10 @@ class Leasing(kombu_redis.Channel):
 
 class LeaseRenewal(kombu_redis.Transport):
     """The transport's side: renew every channel's leases on the worker's event loop timer."""
+
+    # kombu declares both None on its base Transport; the redis transport's __init__ sets them
+    client: Connection  #: the connection this transport serves
+    cycle: kombu_redis.MultiChannelPoller  # type: ignore[assignment]  # kombu's base says FairCycle | None
 
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         super().register_with_event_loop(connection, loop)

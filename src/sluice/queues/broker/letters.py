@@ -89,7 +89,8 @@ def dead_letter_held(client: redis.Redis, layout: RedisLayout, tag: bytes, entry
         _add_dead_letter(pipe, layout, letter, tag)
         return True
 
-    return bool(client.transaction(put_aside, key, value_from_callable=True))
+    # redis-py types the callable as returning None, though value_from_callable=True returns its value
+    return bool(client.transaction(put_aside, key, value_from_callable=True))  # type: ignore[arg-type]
 
 
 def unreadable_held(layout: RedisLayout, entry: bytes, reason: str) -> DeadLetter:

@@ -64,7 +64,7 @@ def forward(message: Any, queue: str, headers: dict[str, Any], put_back: int | N
     return bool(message.channel.forward(message, queue, headers, put_back=put_back))
 
 
-def move_waiting(client: redis.Redis, source: str, target: str, entry: bytes, moved: bytes | str) -> bool:
+def move_waiting(client: redis.Redis, source: str, target: str, entry: bytes | str, moved: bytes | str) -> bool:
     """Take ``entry`` off the list ``source`` and push ``moved`` (the message rewritten for its
     target) to be taken next from the list ``target``, atomically; False when someone took the
     entry meanwhile."""

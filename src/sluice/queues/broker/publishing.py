@@ -19,6 +19,7 @@ from kombu.exceptions import OperationalError
 from kombu.serialization import dumps as serialize_body
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
+from redis.connection import ConnectionInterface
 
 from sluice import keys
 from sluice.ids import new_id
@@ -111,7 +112,8 @@ class UnansweredPublisher:
     opened again once; after that the error goes to kombu, whose publish retry takes over."""
 
     def __init__(self, pool: Any) -> None:
-        self.pool, self._connection, self._pid = pool, None, 0
+        self.pool, self._pid = pool, 0
+        self._connection: ConnectionInterface | None = None
 
     def publish(self, topic: str, payload: str) -> None:
         try:
@@ -120,16 +122,17 @@ class UnansweredPublisher:
             self.close()
             self._connected().send_command("PUBLISH", topic, payload, check_health=False)
 
-    def _alive(self) -> bool:
+    @staticmethod
+    def _alive(connection: ConnectionInterface) -> bool:
         """Nothing ever arrives on a reply-less connection but its end (Redis restarted, or gone);
         checked before each send, since a write to a closed socket may still succeed once."""
         try:
-            return not self._connection.can_read(timeout=0)
+            return not connection.can_read(timeout=0)
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             return False
 
-    def _connected(self) -> Any:
-        if self._connection is not None and (self._pid != os.getpid() or not self._alive()):
+    def _connected(self) -> ConnectionInterface:
+        if self._connection is not None and (self._pid != os.getpid() or not self._alive(self._connection)):
             self.close()  # ended, or a fork's child: open its own
         if self._connection is None:
             connection = self.pool.make_connection()

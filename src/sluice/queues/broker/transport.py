@@ -80,7 +80,8 @@ class SentinelTransport(Transport):
     ``sentinel_kwargs``; the App sets them from its settings)."""
 
     Channel = SentinelChannel
-    default_port = kombu_redis.SentinelTransport.default_port
+    # kombu's base Transport declares default_port = None; every transport of it sets an int
+    default_port = kombu_redis.SentinelTransport.default_port  # type: ignore[assignment]
 
 
 def alias_for(url: str) -> str:

@@ -161,8 +161,9 @@ def template(env_dir: str, control_fd: int) -> None:
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    watched: list[socket.socket | int] = [control, wake_read]  # the control socket and the wake-up pipe's fd
     while True:
-        ready, _, _ = select.select([control, wake_read], [], [])
+        ready, _, _ = select.select(watched, [], [])
         if wake_read in ready:
             os.read(wake_read, 4096)
             _report_exits(control)
