@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.deploy.manifests import RenderOptions, pod_resources
+from sluice.deploy.manifests import RenderOptions, pod_resources, worker_command
 from sluice.deploy.platform import redis_command
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.units import parse_cpu, parse_memory
@@ -27,19 +27,7 @@ def _worker(rc: ResourceClass, options: RenderOptions) -> dict[str, Any]:
     service: dict[str, Any] = {
         "image": "sluice:dev",
         "build": {"context": "."},
-        "command": [
-            "sluice",
-            "worker",
-            "-A",
-            options.app,
-            "--queue",
-            rc.name,
-            "-n",
-            f"{rc.name}@%h",
-            "-E",
-            "--time-limit",
-            str(options.grace_seconds),
-        ],
+        "command": worker_command(rc, options),
         "environment": {"SLUICE_BROKER_URL": BROKER, "SLUICE_REMOTE_SECRET": REMOTE_SECRET},
         "depends_on": {"redis": {"condition": "service_healthy"}},
         "stop_grace_period": f"{options.grace_seconds + 60}s",

@@ -82,6 +82,24 @@ def worker_name(rc: ResourceClass) -> str:
     return f"sluice-worker-{rc.name}"
 
 
+def worker_command(rc: ResourceClass, options: RenderOptions) -> list[str]:
+    """A class's worker command, the same in a pod and in docker-compose: its node name is the
+    class at the host (the pod's name), its hard time limit the grace a pod is given to stop."""
+    return [
+        "sluice",
+        "worker",
+        "-A",
+        options.app,
+        "--queue",
+        rc.name,
+        "-n",
+        f"{rc.name}@%h",
+        "-E",
+        "--time-limit",
+        str(options.grace_seconds),
+    ]
+
+
 def pod_resources(rc: ResourceClass) -> dict[str, str]:
     """One pod is one worker's size (``slots`` slots, or a packed class's slot): requests ==
     limits (Guaranteed QoS)."""
@@ -110,21 +128,7 @@ def worker_deployment(rc: ResourceClass, options: RenderOptions) -> Manifest:
                 "name": "worker",
                 "image": options.image,
                 # %h is the pod's hostname (its name): the autoscaler maps worker -> pod with it
-                "args": [
-                    "sluice",
-                    "worker",
-                    "-A",
-                    options.app,
-                    "--queue",
-                    rc.name,
-                    "-n",
-                    f"{rc.name}@%h",
-                    "-E",
-                    "--time-limit",
-                    str(options.grace_seconds),
-                    "--loglevel",
-                    "INFO",
-                ],
+                "args": [*worker_command(rc, options), "--loglevel", "INFO"],
                 "env": [*options.broker_env, REMOTE_SECRET_ENV],
                 "resources": {"requests": dict(amounts), "limits": dict(amounts)},
                 "readinessProbe": probe | {"initialDelaySeconds": 5},
