@@ -111,6 +111,17 @@ def test_every_pod_passes_the_restricted_profile(docs: list[dict[str, Any]]) -> 
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
+@pytest.mark.parametrize("docs", [DOCS, SENTINEL_DOCS], ids=["one-redis", "sentinel"])
+def test_no_pod_gets_service_link_variables_that_look_like_sluice_settings(docs: list[dict[str, Any]]) -> None:
+    """Every pod turns off Kubernetes' service links: otherwise the sluice-redis and sluice-flower
+    Services would put SLUICE_REDIS_PORT, SLUICE_FLOWER_SERVICE_HOST and the like into each pod's
+    environment, where sluice reads SLUICE_* variables as its settings."""
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    services = [d["metadata"]["name"] for d in docs if d["kind"] == "Service"]
+    assert any(name.startswith("sluice-") for name in services)
+    assert pods and all(pod.get("enableServiceLinks") is False for pod in pods)
+
+
 def test_secrets_are_referenced_never_rendered() -> None:
     assert not [d for d in DOCS if d["kind"] == "Secret"]
     text = yaml.safe_dump_all(DOCS)

@@ -123,6 +123,7 @@ def worker_deployment(rc: ResourceClass, options: RenderOptions) -> Manifest:
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": options.grace_seconds + 60,
         "securityContext": platform.POD_SECURITY,
+        **platform.NO_SERVICE_LINKS,
         "containers": [
             {
                 "name": "worker",

@@ -35,6 +35,10 @@ POD_SECURITY: Manifest = {
     "fsGroup": 10001,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+#: Kubernetes otherwise puts every Service's address into each pod's environment as <SERVICE>_...
+#: variables: for the sluice-redis and sluice-flower Services, SLUICE_REDIS_PORT and the like,
+#: which sluice would read as (misspelt) settings of its own and warn about at every start.
+NO_SERVICE_LINKS: Manifest = {"enableServiceLinks": False}
 CONTAINER_SECURITY: Manifest = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
@@ -66,6 +70,7 @@ def _pod(options: RenderOptions, component: str, container: Manifest, **extra: A
         "metadata": {"labels": labels(component)},
         "spec": {
             "securityContext": POD_SECURITY,
+            **NO_SERVICE_LINKS,
             "automountServiceAccountToken": False,
             "containers": [container],
             "volumes": [{"name": "tmp", "emptyDir": {}}],
@@ -210,6 +215,7 @@ def redis_sentinel(options: RenderOptions) -> list[Manifest]:
         "metadata": {"labels": labels("redis")},
         "spec": {
             "securityContext": POD_SECURITY,
+            **NO_SERVICE_LINKS,
             "automountServiceAccountToken": False,
             "affinity": spread,
             "containers": [redis_container, sentinel_container],
