@@ -9,6 +9,7 @@ A kind that reads nothing from an empty value returns None, and the setting keep
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +21,13 @@ from sluice.queues.catalog import CLASS_KEYS, Catalog
 from sluice.units import parse_memory, parse_size, real_number
 
 
-class Kind:
+class Kind(ABC):
     """One kind of setting value: :meth:`read` checks and converts; the other two hooks have
     defaults that fit every kind but a table (the environment's text as is; a higher layer wins)."""
 
+    @abstractmethod
     def read(self, raw: Any, key: str) -> Any:
         """The value of ``raw`` (a file's value or the environment's text); None keeps the default."""
-        raise NotImplementedError
 
     def from_env(self, text: str, name: str) -> Any:
         """The raw value of environment variable ``name``."""
