@@ -176,10 +176,22 @@ def test_remote_messages_round_trip_through_json() -> None:
     """A call, its reply and a session's messages decode to what was encoded, after JSON."""
     call = Call("m.f", "3.11", ("numpy",), 1 << 30, b"\x80pickled", ("numpy",), 2 << 30, True, 1 << 30, None, True)
     opening = Call("session s1", "3.11", (), 1 << 30, b"", session="s1", lease=10.0)
-    messages = [call, opening, Reply(b"\x80value", ["line"], [1 << 30, 2 << 30], 2, "w@h"),
-                SessionCall(3, b"\x80call"), SessionCall(close=True),
-                SessionReply(3, "w@h", ["out"], [1 << 30], payload=b"\x80value"),
-                SessionReply(4, "w@h", [], [1 << 30], error="the sandbox died", memory=True)]
+    messages = [call, opening, Reply(b"\x80value", ["line"], [1 << 30, 2 << 30], 2, "w@h")]
     for message in messages:
         assert type(message).decode(json.loads(json.dumps(message.encode()))) == message
     assert "session" not in call.encode() and call.encode()["protocol"] == 1
+    in_session = [SessionCall("s1", 3, b"\x80call"), SessionCall("s1", close=True),
+                  SessionReply("s1", 3, "w@h", ["out"], [1 << 30], payload=b"\x80value"),
+                  SessionReply("s1", 4, "w@h", [], [1 << 30], error="the sandbox died", memory=True)]
+    for sent in in_session:
+        assert type(sent).decode(json.loads(json.dumps(sent.encode())), "s1") == sent
+
+
+def test_a_session_message_signed_for_another_session_is_refused() -> None:
+    """A signed call or reply copied into another session's list names the session it was signed
+    for: decoding it for this session refuses it before anything is unpickled."""
+    from sluice.errors import InvalidRequestError
+
+    for sent in (SessionCall("s1", 3, b"\x80call"), SessionReply("s1", 3, "w@h", [], [], payload=b"\x80v")):
+        with pytest.raises(InvalidRequestError, match="signed for session 's1'"):
+            type(sent).decode(json.loads(json.dumps(sent.encode())), "s2")

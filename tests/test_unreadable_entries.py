@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 import redis
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -207,7 +208,7 @@ def test_every_reader_of_sluices_redis_structures_reads_the_rest_past_one_bad_en
     history, dead letters (list, key name, counter), forward counts and class counters, a task
     result, a batch run's key. Every reader returns the good entries; the reaper still restores
     the orphan and rehomes the sticky message, and the bad held message leaves the unacked hash
-    (restored if it reads, else a dead letter)."""
+    (as a dead letter when it does not read)."""
     basic = importlib.import_module("tests.apps.basic")
     app, client = basic.app, redis_server.client()
     client.flushdb()
@@ -330,3 +331,39 @@ def test_a_batch_record_that_does_not_decode_ends_as_a_lost_item_not_a_run_that_
     assert [r.id for r in sunk if isinstance(r, Ready)] == ["good"]
     assert [(r.id, r.status, r.chunk) for r in lost] == [("bad", LOST, "chunk-1")], sunk
     assert "--resume runs it again" in lost[0].message
+
+
+def test_a_held_entry_that_reads_as_nothing_is_kept_as_a_dead_letter_that_requeue_refuses_to_lose(
+        redis_client: redis.Redis) -> None:
+    """A held entry that is not even kombu's [message, exchange, queue] is kept as a dead letter of
+    the unacked hash's name. Requeueing it would push to that hash (WRONGTYPE after the letter was
+    already taken off its list: the letter lost); instead requeue refuses, and the letter stays."""
+    from sluice.errors import ConfigurationError
+    from sluice.queues.broker.letters import dead_letter_held
+
+    tag, entry = b"tag-nothing", b"\xff not json"
+    redis_client.hset(LAYOUT.unacked_key, tag, entry)
+    assert dead_letter_held(redis_client, LAYOUT, tag, entry, "not JSON")
+    assert redis_client.llen(LAYOUT.dead_letters(LAYOUT.unacked_key)) == 1
+    with pytest.raises(ConfigurationError, match="not requeued"):
+        dead_letters.requeue(redis_client, LAYOUT, LAYOUT.unacked_key)
+    assert redis_client.llen(LAYOUT.dead_letters(LAYOUT.unacked_key)) == 1
+    (_, letter), = dead_letters.read(redis_client, LAYOUT, LAYOUT.unacked_key)
+    assert letter.raw == entry
+
+
+def test_a_held_message_whose_claim_does_not_decode_leaves_the_sweep_restoring_the_others(
+        redis_client: redis.Redis) -> None:
+    """Two messages held by a worker gone an hour; one's ledger claim is bytes that do not decode.
+    The sweep leaves that one held (its claim cannot be judged) and still restores the other,
+    instead of failing the whole sweep on every tick."""
+    basic = importlib.import_module("tests.apps.basic")
+    old = time.time() - 3600
+    first, second = basic.default_task.delay(), basic.default_task.delay()
+    _fetch(redis_client, "cpu", old)
+    _fetch(redis_client, "cpu", old)
+    assert redis_client.hlen(LAYOUT.unacked_key) == 2
+    redis_client.set(keys.delivery(first.id), b"\xff not a claim")
+    swept = OrphanReaper(basic.app, redis_client, "sweeper", interval=0.5, grace=60).sweep_once()
+    assert second.id in swept and first.id not in swept
+    assert redis_client.hlen(LAYOUT.unacked_key) == 1

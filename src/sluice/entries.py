@@ -35,7 +35,6 @@ skipped: Counter[str] = Counter()
 LOG_EVERY = 60.0
 _logged: dict[str, float] = {}
 _lock = threading.Lock()
-_MISSING: Any = object()
 
 
 def loads(raw: bytes | str) -> Any:

@@ -52,9 +52,14 @@ def connect(url: str, *, wait_out_outages: bool = True, settings: Settings | Non
         kwargs |= {"retry": outage_retry(), "retry_on_error": [ConnectionError, TimeoutError]}
     else:
         kwargs |= {"retry": Retry(ExponentialBackoff(), 0)}
-    if is_sentinel(url):
-        return sentinel_master(url, settings, **kwargs)
-    return redis.Redis.from_url(url, **kwargs)
+    try:
+        if is_sentinel(url):
+            return sentinel_master(url, settings, **kwargs)
+        return redis.Redis.from_url(url, **kwargs)
+    except ValueError as exc:  # a port or db that is not a number
+        raise ConfigurationError(
+            f"broker {url!r} is not a Redis URL ({exc}); use redis://[:password@]host:port/db or sentinel://..."
+        ) from None
 
 
 def is_sentinel(url: str) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import click
+import redis
 from rich.markup import escape
 
 from sluice import terminal
@@ -65,3 +66,8 @@ def run() -> None:
     except SluiceError as exc:
         terminal.console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
+    except redis.RedisError as exc:  # a command that reads the broker, which did not answer
+        terminal.console(stderr=True).print(
+            f"[red]error:[/red] cannot reach the broker: {escape(str(exc))}", soft_wrap=True
+        )
+        sys.exit(1)

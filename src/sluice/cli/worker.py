@@ -9,7 +9,6 @@ import sys
 import click
 
 from sluice.cli.common import app_option, broker_client, load_app
-from sluice.config import Settings
 from sluice.errors import SluiceError
 from sluice.workers.gpu import gpu_count
 from sluice.workers.health import check_worker
@@ -55,8 +54,9 @@ def worker(ctx: click.Context, app_name: str, queues: tuple[str, ...], allow_no_
 def check(hostname: str) -> None:
     """Health probe: exit 0 if the worker's heartbeat is fresh; 3 no heartbeat, 4 stale, 5 broker
     unreachable (2 is a usage error)."""
-    settings = Settings.load()
-    client = broker_client(None).client
-    health, reason = check_worker(client, hostname.replace("%h", socket.gethostname()), settings.heartbeat_interval)
+    broker = broker_client(None)
+    health, reason = check_worker(
+        broker.client, hostname.replace("%h", socket.gethostname()), broker.settings.heartbeat_interval
+    )
     click.echo(f"{health.name}: {reason}")
     sys.exit(int(health))

@@ -48,13 +48,17 @@ def _toml_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigurationError(f"{path} is not valid TOML: {exc}") from None
 
 
 def _pyproject_table(path: Path) -> dict[str, Any]:
-    return dict(_toml_file(path).get("tool", {}).get("sluice", {}))
+    tool = _toml_file(path).get("tool", {})
+    table = tool.get("sluice", {}) if isinstance(tool, dict) else {}
+    if not isinstance(table, dict):
+        raise ConfigurationError(f"{path}: [tool.sluice] must be a table of settings, not {table!r}")
+    return dict(table)
 
 
 def _env_table(env: Mapping[str, str], kinds: Mapping[str, Kind]) -> dict[str, Any]:
@@ -68,7 +72,7 @@ def _env_table(env: Mapping[str, str], kinds: Mapping[str, Kind]) -> dict[str, A
     return table
 
 
-def warn_unknown_env(env: Mapping[str, str], accepted: tuple[str, ...]) -> list[str]:
+def warn_unknown_env(env: Mapping[str, str], accepted: tuple[str, ...]) -> None:
     """Warn once per process about each ``SLUICE_*`` variable sluice does not read (a typo such
     as ``SLUICE_VISIBILTY_TIMEOUT`` would otherwise be ignored), naming the closest known one."""
     known = [env_name(key) for key in accepted] + [CONFIG_ENV, GPU_COUNT_ENV, GPU_MEMORY_ENV]
@@ -79,7 +83,6 @@ def warn_unknown_env(env: Mapping[str, str], accepted: tuple[str, ...]) -> list[
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]}?" if close else f"; sluice reads {', '.join(known)}"
             log.warning("ignoring environment variable %s: it is not a sluice setting%s", name, hint)
-    return unknown
 
 
 _warned: set[str] = set()

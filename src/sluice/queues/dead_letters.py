@@ -70,6 +70,11 @@ def read(
 def requeue(client: redis.Redis, layout: RedisLayout, queue: str, number: int | None = None) -> int:
     """Put dead letters back on their queue, to be taken next: one (``number``) or all of them.
     Returns how many went back (an entry another ``requeue`` or ``purge`` took meanwhile is skipped)."""
+    if queue == layout.unacked_key:  # its letters are whole held entries, and its name a hash, not a queue
+        raise ConfigurationError(
+            f"the dead letters of {queue!r} are held entries that did not read as a message: they can be "
+            "shown and purged, not requeued (there is no queue to put them back on)"
+        )
     dead = layout.dead_letters(queue)
     found = entries.decode_each(
         "dead letter",

@@ -83,11 +83,11 @@ def entries_of(app: Any, worker: str) -> list[TaskEntry]:
     ]
 
 
-def publish(client: redis.Redis | Any, entries: list[TaskEntry]) -> None:
-    """Write the entries, stamped now (one HSET; ``client`` may be a pipeline)."""
+def publish(client: redis.Redis | Any, found: list[TaskEntry]) -> None:
+    """Write a worker's entries, stamped now (one HSET; ``client`` may be a pipeline)."""
     now = time.time()
-    if entries:
-        client.hset(keys.TASK_CATALOG, mapping={entry.name: replace(entry, at=now).encode() for entry in entries})
+    if found:
+        client.hset(keys.TASK_CATALOG, mapping={entry.name: replace(entry, at=now).encode() for entry in found})
 
 
 def read(client: redis.Redis) -> dict[str, TaskEntry]:

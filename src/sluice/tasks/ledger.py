@@ -18,7 +18,7 @@ from typing import cast
 
 import redis
 
-from sluice import keys
+from sluice import entries, keys
 from sluice.tasks.heartbeat import read_heartbeat
 
 
@@ -33,7 +33,13 @@ class Claim:
 
     @classmethod
     def load(cls, raw: bytes | str | None) -> Claim | None:
-        return None if raw is None else cls(**json.loads(raw))
+        """The claim ``raw`` holds; ValueError or TypeError when it is not one (readers skip it)."""
+        if raw is None:
+            return None
+        fields = entries.loads(raw)
+        if not isinstance(fields, dict):
+            raise TypeError(f"a delivery claim is a JSON object, not {type(fields).__name__}")
+        return cls(**fields)
 
     def dump(self) -> str:
         return json.dumps({"attempt": self.attempt, "worker": self.worker, "instance": self.instance, "at": self.at})

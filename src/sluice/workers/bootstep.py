@@ -89,9 +89,7 @@ class SluiceWorkerStep(bootsteps.StartStopStep):
                 worker.hostname,
                 lambda: self._payload(worker),
                 settings.heartbeat_interval,
-                also=functools.partial(
-                    task_catalog.publish, entries=task_catalog.entries_of(self.app, worker.hostname)
-                ),
+                also=functools.partial(task_catalog.publish, found=task_catalog.entries_of(self.app, worker.hostname)),
             ),
             MemoryWatchdog(
                 self._running,

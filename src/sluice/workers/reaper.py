@@ -67,8 +67,8 @@ class OrphanReaper(Periodic):
         restored = []
         now = time.time()
         readable, unreadable = self.layout.held_entries(self.client)
-        for held in readable:
-            if self._orphaned(held, now):
+        for held in readable:  # a claim or heartbeat that does not decode leaves that one message alone
+            if entries.decode_one("held message's claim", held, lambda h: self._orphaned(h, now), False):
                 restore(self.app, held.tag)
                 restored.append(held.task_id or "?")
         if restored:

@@ -6,6 +6,7 @@ they held goes back to the queue through the orphan reaper of the next run's wor
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -69,7 +70,7 @@ class LocalWorkers:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=os.environ | LOCAL_ENV | self.env,
-                preexec_fn=die_with_parent,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
                 start_new_session=True,
             )
 

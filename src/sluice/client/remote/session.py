@@ -78,7 +78,7 @@ class Session:
                 )
             function = function.function
         number = next(self._numbers)
-        sent = SessionCall(number, pack_call(function, args, kwargs))
+        sent = SessionCall(self.id, number, pack_call(function, args, kwargs))
         message = seal(self.app.settings.signing_secret(), sent.encode())
         self.app.redis.rpush(keys.session(self.id, SessionPart.CALLS), json.dumps(message))
         reply = self._reply(number)
@@ -92,7 +92,9 @@ class Session:
         while True:
             item = self.app.redis.blpop([keys.session(self.id, SessionPart.REPLIES)], timeout=0.5)
             if item is not None:
-                reply = SessionReply.decode(unseal(secret, json.loads(item[1]), f"the session {self.id} reply"))
+                reply = SessionReply.decode(
+                    unseal(secret, json.loads(item[1]), f"the session {self.id} reply"), self.id
+                )
                 if reply.n == number:
                     return reply
             elif self.handle.result.ready():
@@ -104,7 +106,7 @@ class Session:
         client = self.app.redis
         client.rpush(
             keys.session(self.id, SessionPart.CALLS),
-            json.dumps(seal(self.app.settings.signing_secret(), SessionCall(close=True).encode())),
+            json.dumps(seal(self.app.settings.signing_secret(), SessionCall(self.id, close=True).encode())),
         )
         client.delete(keys.session(self.id, SessionPart.LEASE))
         try:

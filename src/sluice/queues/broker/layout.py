@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -207,9 +208,18 @@ def task_states(client: redis.Redis, app: Any, task_ids: list[str]) -> list[str 
     metas = client.mget([task_meta_key(app, task_id) for task_id in task_ids])
 
     def status(raw: bytes | str) -> str:
-        try:
-            return str(app.backend.decode(raw)["status"])
-        except DecodeError as exc:  # kombu's, not a ValueError
-            raise ValueError(exc) from exc
+        return str(result_meta(app.backend.decode, raw)["status"])
 
     return [None if raw is None else entries.decode_one("task result", raw, status, None) for raw in metas]
+
+
+def result_meta(decode: Callable[[bytes | str], Any], raw: bytes | str) -> dict[str, Any]:
+    """A stored result's meta, as ``decode`` (one of the result backend's) reads it; ValueError
+    when it does not decode (kombu raises its own DecodeError), so readers of many skip it."""
+    try:
+        meta = decode(raw)
+    except DecodeError as exc:
+        raise ValueError(exc) from exc
+    if not isinstance(meta, dict):
+        raise TypeError(f"a stored result is a JSON object, not {type(meta).__name__}")
+    return meta

@@ -24,6 +24,9 @@ from typing import Any, ClassVar
 from celery import states
 from celery.backends.redis import ResultConsumer
 
+from sluice import entries
+from sluice.queues.broker.layout import result_meta
+
 #: The largest meta published as it is, with room under Redis's default hard pub/sub limit
 #: (32 MiB at once; the soft one, 8 MiB for a minute, a subscriber that reads trips only if it
 #: stalls). A bigger one is stored and announced by a :class:`Notice`. Not lower: a plain Celery
@@ -93,9 +96,10 @@ class ComputeResultConsumer(ResultConsumer):
         with self._locked():
             self._stale = False
             keys = list(self.subscribed_to)
-            for raw in self.backend.client.mget(keys) if keys else ():
-                if raw is not None:
-                    super().on_state_change(self._decode_result(raw), None)
+            stored = [raw for raw in self.backend.client.mget(keys) if raw is not None] if keys else []
+            # one result that does not decode is skipped (logged, counted): the others still reach their callers
+            for meta in entries.decode_each("task result", stored, lambda raw: result_meta(self._decode_result, raw)):
+                super().on_state_change(meta, None)
 
     def on_state_change(self, meta: dict[str, Any], message: Any) -> None:
         notice = Notice.read(meta) if message is not None else None

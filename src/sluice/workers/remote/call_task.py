@@ -18,13 +18,13 @@ from typing import Any
 
 import psutil
 from celery.exceptions import Retry
-from celery.utils.nodenames import worker_direct
 
 from sluice import keys
 from sluice.compute import Compute
 from sluice.errors import InvalidRequestError, MemoryExhausted, SandboxDied
 from sluice.headers import Headers
 from sluice.keys import SessionPart
+from sluice.queues.broker.layout import worker_queue
 from sluice.signing import seal, unseal
 from sluice.tasks.escalation import Attempt
 from sluice.tasks.remote.call import Call, Reply, python_version
@@ -72,7 +72,7 @@ def accepts_remote(app: Any, routing_key: str, hostname: str | None) -> bool:
     catalog = remote_catalog(app)
     if routing_key in catalog:
         return True
-    if hostname and routing_key == worker_direct(hostname).name:
+    if hostname and routing_key == worker_queue(hostname).name:
         consumed = app.amqp.queues.consume_from or {}
         return any(name in catalog for name in consumed)
     return False
@@ -214,7 +214,7 @@ def run_session(task: Any, message: dict[str, Any]) -> dict[str, Any]:
             item = app.redis.blpop([calls], timeout=1)
             if item is None:
                 continue
-            sent = SessionCall.decode(unseal(secret, json.loads(item[1]), f"a call of session {session}"))
+            sent = SessionCall.decode(unseal(secret, json.loads(item[1]), f"a call of session {session}"), session)
             if sent.close:
                 return {"session": session, "calls": served, "ended": "closed by the client"}
             payload, error, memory = None, None, False
@@ -227,7 +227,9 @@ def run_session(task: Any, message: dict[str, Any]) -> dict[str, Any]:
                 )
                 memory = died.memory
             served += 1
-            reply = SessionReply(sent.n, app.node_name(request), output.take(), box.limits, payload, error, memory)
+            reply = SessionReply(
+                session, sent.n, app.node_name(request), output.take(), box.limits, payload, error, memory
+            )
             app.redis.rpush(replies, json.dumps(seal(secret, reply.encode())))
             if error is not None:
                 return {"session": session, "calls": served, "ended": error}

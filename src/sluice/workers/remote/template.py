@@ -10,6 +10,7 @@ them is ``pools``'s concern.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -41,7 +42,7 @@ class Template:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 env=os.environ | {"PYTHONUNBUFFERED": "1"},
-                preexec_fn=die_with_parent,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
             )
         self.ended: dict[int, int] = {}
 
