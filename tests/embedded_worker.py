@@ -20,7 +20,7 @@ def main(module: str, queue: str, nodename: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with start_worker(app, pool="prefork", concurrency=2, perform_ping_check=False, hostname=nodename):
         print("started", flush=True)
-        stop.wait()
+        stop.wait(timeout=300)  # bounded: a worker whose test died goes away on its own
 
 
 if __name__ == "__main__":

@@ -69,9 +69,12 @@ def test_worker_sent_sigterm_mid_task_finishes_it_once_then_exits(redis_server: 
         wait_for(lambda: client.exists(f"test:running:{result.id}:1"), 60, "the task to start")
         # the sweeper serves medium too, where a retry of a task taken for lost would run
         pool.start("tests.apps.ladder", "small", "sweeper", "--queue", "medium", *ARGS, env=FAST_RECOVERY)
+        stopped = time.time()
         runner.send_signal(signal.SIGTERM)
         wait_for(lambda: "Warm shutdown" in pool.log("runner"), 10, "the runner to begin its warm shutdown")
-        time.sleep(1.5)   # several heartbeat TTLs (5 x 0.2 s) and reaper sweeps into the shutdown
+        # several heartbeat TTLs (5 x 0.2 s) and reaper sweeps into the shutdown, the runner still beats
+        wait_for(lambda: pool.heartbeat("runner")["ts"] > stopped + 1.5, 10,
+                 "the runner to keep beating 1.5 s into its warm shutdown")
         assert result.id in pool.heartbeat("runner")["running"]
         assert not client.exists(f"test:completed:{result.id}"), "a run ended while the runner's went on: run twice?"
         assert result.get(timeout=60) == {"queue": "small", "worker": "runner@test", "attempt": 1}

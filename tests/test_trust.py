@@ -110,6 +110,10 @@ def test_a_forged_asset_step_imports_nothing(redis_server: EmbeddedRedis, worker
         with pytest.raises(InvalidRequestError, match=f"refusing asset step 'tests.apps.import_marker:step': .*{reason}"):
             celery.send_task(RUN_STEP_TASK, args=args, kwargs=kwargs, queue="cpu").get(timeout=60)
     assert not marker.exists()
+    # the control: signed with the cluster's secret, the same message does import the module
+    signed = {"sig": step_signature(os.environ["SLUICE_REMOTE_SECRET"], *args)}
+    celery.send_task(RUN_STEP_TASK, args=args, kwargs=signed, queue="cpu").get(timeout=60, propagate=False)
+    assert marker.exists(), "the planted module was never importable: the test above proved nothing"
 
 
 class _Opens:
@@ -128,7 +132,9 @@ def test_a_pickled_message_is_never_unpickled(redis_server: EmbeddedRedis, redis
     becomes a dead letter and nothing in it is unpickled (pins the README's "JSON-only queues")."""
     workers.start("tests.apps.basic", "cpu", "json-only", *FAST)
     marker = tmp_path / "unpickled"
-    pickle.dumps(_Opens(marker))   # it pickles, and pickling alone creates nothing
+    control = tmp_path / "control"
+    pickle.loads(pickle.dumps(_Opens(control)))   # the control: unpickling it does create its file
+    assert control.exists() and not marker.exists()
     attacker(redis_server).send_task(RUN_CHUNK_TASK, args=[_Opens(marker)], queue="cpu", serializer="pickle")
     dead = RedisLayout().dead_letters("cpu")
     wait_for(lambda: redis_client.llen(dead), 60, "the pickled message to become a dead letter")

@@ -57,6 +57,7 @@ def test_a_long_task_beside_a_free_slot_runs_once_however_the_worker_was_started
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
     else:
         workers.start("tests.apps.identity", "cpu", nodename.split("@")[0], "-c", "2", "--without-mingle",
                       "--without-gossip", plain_celery=started_by == "celery worker", env=FAST_RECOVERY)
