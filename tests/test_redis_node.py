@@ -84,7 +84,9 @@ def test_nodes_start_fail_over_and_a_dead_master_rejoins_as_a_replica(tmp_path: 
     bin_dir = str(Path(find_redis_server()).parent)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "REDIS_PASSWORD": password, "NODES": " ".join(ADDRESSES),
            "MASTER_SET": platform.SENTINEL_MASTER, "REDIS_PORT": str(free_port()),
-           "SENTINEL_PORT": str(free_port()), "DOWN_AFTER_MS": "1000"}
+           "SENTINEL_PORT": str(free_port()), "DOWN_AFTER_MS": "1000",
+           # a vote that splits between the two Sentinels left is tried again within 6 s, not 120 s
+           "FAILOVER_TIMEOUT_MS": "3000"}
     nodes = [Node(i, tmp_path, env) for i in range(3)]
     try:
         # a StatefulSet starts its pods in order, each once the one before is up

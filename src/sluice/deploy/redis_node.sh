@@ -8,7 +8,8 @@
 # Environment: REDIS_PASSWORD (the Redis and the Sentinels'), NODE (this node's address), NODES
 # (every node's address, space-separated, the first is the initial master), DATA (Redis's AOF),
 # SENTINEL_DIR (the Sentinel's config, rewritten by it), and optionally MASTER_SET (sluice),
-# REDIS_PORT (6379), SENTINEL_PORT (26379), DOWN_AFTER_MS (5000), REDIS_BIND (every interface).
+# REDIS_PORT (6379), SENTINEL_PORT (26379), DOWN_AFTER_MS (5000), FAILOVER_TIMEOUT_MS (60000; a
+# failover whose vote split is tried again after twice this), REDIS_BIND (every interface).
 # The password reaches Redis on stdin and the Sentinel in a 0600 file: it is in no argv. Each
 # role execs its server, which becomes the container's process and gets the stop's SIGTERM.
 set -eu
@@ -16,6 +17,7 @@ MASTER_SET="${MASTER_SET:-sluice}"
 REDIS_PORT="${REDIS_PORT:-6379}"
 SENTINEL_PORT="${SENTINEL_PORT:-26379}"
 DOWN_AFTER_MS="${DOWN_AFTER_MS:-5000}"
+FAILOVER_TIMEOUT_MS="${FAILOVER_TIMEOUT_MS:-60000}"
 export REDISCLI_AUTH="$REDIS_PASSWORD"
 
 current_master() {
@@ -62,7 +64,7 @@ sentinel announce-ip $NODE
 sentinel monitor $MASTER_SET $master $REDIS_PORT 2
 sentinel auth-pass $MASTER_SET $REDIS_PASSWORD
 sentinel down-after-milliseconds $MASTER_SET $DOWN_AFTER_MS
-sentinel failover-timeout $MASTER_SET 60000
+sentinel failover-timeout $MASTER_SET $FAILOVER_TIMEOUT_MS
 sentinel parallel-syncs $MASTER_SET 1
 EOF
     echo "sluice-redis: $NODE's Sentinel watches $master"
