@@ -116,8 +116,8 @@ def test_the_autoscaler_goes_on_reading_the_queues_through_a_failover(tmp_path: 
 
 
 def test_a_worker_killed_after_a_failover_has_its_task_recovered_by_the_reaper(tmp_path: Path) -> None:
-    """A task is running when the master is killed and the replica promoted; then its worker is
-    SIGKILLed too. The reaper of the worker started in its place, talking to the new master,
+    """A task is running when the master is killed; its worker is SIGKILLed right after, and the
+    replica is promoted. The reaper of the worker started in its place, talking to the new master,
     finds the dead worker's held message (its heartbeat stopped) and the task's retry policy
     runs it again, escalated: it ends in a result, its body completed once."""
     ladder = importlib.import_module("tests.apps.ladder")
@@ -138,9 +138,11 @@ def test_a_worker_killed_after_a_failover_has_its_task_recovered_by_the_reaper(t
             wait_for(lambda: _replica_offset(cluster) >= offset, 30, "the replica to have every write so far")
             old_master = cluster.master_port()
             cluster.kill_master()
-            wait_for(lambda: cluster.master_port() not in (None, old_master), 60, "the Sentinels to promote the replica")
+            # the worker dies with the master (a node lost), while its 3 s task surely still runs: a
+            # failover can take longer than the task, which would then have ended on attempt 1
             os.killpg(victim.pid, signal.SIGKILL)
             victim.wait(30)
+            wait_for(lambda: cluster.master_port() not in (None, old_master), 60, "the Sentinels to promote the replica")
             pool.start("tests.apps.ladder", "small", "heir", *args, env=env, wait=False)
             assert result.get(timeout=120)["attempt"] == 2
             assert client.get(f"test:completed:{result.id}") == b"1"
