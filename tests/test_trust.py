@@ -103,7 +103,7 @@ def test_a_forged_asset_step_imports_nothing(redis_server: EmbeddedRedis, worker
     """A run_step message names a module for the worker to import and a path to write under: one
     unsigned, or signed with another secret, is refused before the module is imported."""
     marker = tmp_path / "imported"
-    workers.start("tests.apps.basic", "cpu", "steps", *FAST, env={"SLUICE_TEST_IMPORT_MARKER": str(marker)})
+    workers.start("tests.apps.basic", "cpu", "steps", *FAST, env={"TEST_IMPORT_MARKER": str(marker)})
     args = ["tests.apps.import_marker:step", "evil", {}, str(tmp_path / "store")]
     celery = attacker(redis_server)
     for kwargs, reason in (({}, "it is not signed"), ({"sig": step_signature("guessed", *args)}, "does not match")):

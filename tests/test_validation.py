@@ -4,7 +4,6 @@ each refused or accepted as documented."""
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -157,16 +156,15 @@ def test_bad_settings_in_sluice_toml_are_refused_by_name(tmp_path: Path, toml: s
         Settings.load(cwd=tmp_path, env={})
 
 
-def test_unknown_sluice_env_variable_is_warned_about_with_the_closest_name(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A typo such as SLUICE_VISIBILTY_TIMEOUT is not ignored silently: one warning names it and
-    the setting it probably meant; the known variables are read without a word."""
-    with caplog.at_level(logging.WARNING, logger="sluice.config"):
+def test_unknown_sluice_env_variable_is_refused_with_the_closest_name(tmp_path: Path) -> None:
+    """A typo such as SLUICE_VISIBILTY_TIMEOUT is not ignored: the ConfigurationError names it and
+    the setting it probably meant, and only it (the known variables beside it are not named)."""
+    with pytest.raises(ConfigurationError) as caught:
         Settings.load(cwd=tmp_path, env={"SLUICE_VISIBILTY_TIMEOUT": "30", "SLUICE_GPU_COUNT": "1",
                                          "SLUICE_VISIBILITY_TIMEOUT": "40"})
-    warnings = [r.getMessage() for r in caplog.records]
-    assert warnings == ["ignoring environment variable SLUICE_VISIBILTY_TIMEOUT: it is not a sluice setting; "
-                        "did you mean SLUICE_VISIBILITY_TIMEOUT?"]
+    named = str(caught.value).split(";")[0]
+    assert named == ("environment variables that are not sluice settings: "
+                     "SLUICE_VISIBILTY_TIMEOUT (did you mean SLUICE_VISIBILITY_TIMEOUT?)")
 
 
 def test_a_home_of_a_user_this_machine_lacks_is_a_configuration_error(tmp_path: Path) -> None:

@@ -154,11 +154,14 @@ class Settings:
     ) -> Settings:
         """Read every layer (see the module docstring) and validate the result. ``sections``:
         the capabilities' settings sections (default: those of ``sluice.default_capabilities()``)."""
-        if sections is None:
-            sections = [c.settings for c in sluice.default_capabilities() if c.settings is not None]
-        sections = tuple(sections)
+        every = [c.settings for c in sluice.default_capabilities() if c.settings is not None]
+        sections = tuple(every if sections is None else sections)
+        others = [section for section in every if section not in sections]
         table = merged_layers(
-            Path.cwd() if cwd is None else cwd, os.environ if env is None else env, kinds((cls, *sections))
+            Path.cwd() if cwd is None else cwd,
+            os.environ if env is None else env,
+            kinds((cls, *sections)),
+            declared=kinds(others),
         )
         core = cls(**read(cls, table))
         core.check()

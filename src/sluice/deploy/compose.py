@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.config.sources import FLOWER_AUTH_ENV, REDIS_PASSWORD_ENV
 from sluice.deploy.manifests import RenderOptions, pod_resources, worker_command
 from sluice.deploy.platform import redis_command
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.units import parse_cpu, parse_memory
 
 #: Compose refuses to start without them (no default password): ``${VAR:?message}``.
-PASSWORD = "${SLUICE_REDIS_PASSWORD:?set SLUICE_REDIS_PASSWORD, the password Redis will require}"
-FLOWER_AUTH = "${SLUICE_FLOWER_AUTH:?set SLUICE_FLOWER_AUTH, Flower's basic auth as user:password}"
+PASSWORD = f"${{{REDIS_PASSWORD_ENV}:?set {REDIS_PASSWORD_ENV}, the password Redis will require}}"
+FLOWER_AUTH = f"${{{FLOWER_AUTH_ENV}:?set {FLOWER_AUTH_ENV}, Flower's basic auth as user:password}}"
 BROKER = f"redis://:{PASSWORD}@redis:6379/0"
 #: Signs remote calls; empty (the default) means the workers run none.
 REMOTE_SECRET = "${SLUICE_REMOTE_SECRET:-}"

@@ -37,7 +37,8 @@ POD_SECURITY: Manifest = {
 }
 #: Kubernetes otherwise puts every Service's address into each pod's environment as <SERVICE>_...
 #: variables: for the sluice-redis and sluice-flower Services, SLUICE_REDIS_PORT and the like,
-#: which sluice would read as (misspelt) settings of its own and warn about at every start.
+#: which clutter every sluice pod's environment beside its settings (sluice knows their shape and
+#: leaves them alone, for the pods of users' own apps that keep service links on).
 NO_SERVICE_LINKS: Manifest = {"enableServiceLinks": False}
 CONTAINER_SECURITY: Manifest = {
     "allowPrivilegeEscalation": False,
