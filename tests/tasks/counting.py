@@ -6,6 +6,8 @@
 --dup-every K     plan() yields every K-th item twice
 --exit-on I       item I calls sys.exit(3) (a BaseException, not an Exception)
 --nan-on I        item I returns a NaN deep in its result
+--gate PATH --gate-from I   items numbered I or more wait until PATH exists (so a test can act
+                  while the run surely has work left, however fast the machine)
 """
 
 import argparse
@@ -23,6 +25,8 @@ def _args():
     p.add_argument("--dup-every", type=int, default=0)
     p.add_argument("--exit-on", type=int, default=None)
     p.add_argument("--nan-on", type=int, default=None)
+    p.add_argument("--gate", default=None)
+    p.add_argument("--gate-from", type=int, default=0)
     return p.parse_args()
 
 
@@ -40,6 +44,8 @@ def execute(item):
     if args.marks:
         with open(os.path.join(args.marks, f"{os.getpid()}.marks"), "a") as out:
             out.write(f"{item['id']}\n")
+    while args.gate and item["i"] >= args.gate_from and not os.path.exists(args.gate):
+        time.sleep(0.01)
     if args.sleep:
         time.sleep(args.sleep)
     if args.fail_every and item["i"] > 0 and item["i"] % args.fail_every == 0:

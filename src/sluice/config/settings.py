@@ -131,6 +131,12 @@ class Settings:
         default=1.3,
     )
     auto_floor: int = setting(Memory(), 'memory="auto": the smallest learned size', default=64 << 20)
+    lost_check_interval: float = setting(
+        Number(0.1, 3600.0),
+        "How often a batch driver checks for lost chunks, in seconds: a chunk in no queue and "
+        "no worker's hold on two checks this far apart is sent again",
+        default=10.0,
+    )
     run_ttl: float = setting(
         Number(1.0, float(_YEARS_10)),
         "Seconds a batch run's Redis data (and its directory, unless kept) outlive the run's end",

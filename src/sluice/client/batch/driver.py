@@ -77,8 +77,9 @@ class Driver:
         self.layout = RedisLayout.of_app(app)
         self.progress = Progress()
         self.quarantine = Quarantine(app, settings.queue, settings.quarantine_after, self.progress)
-        self.lost_chunks = recovery.LostChunks(self.client, self.layout, settings.queue)
-        self.lost_inherited = recovery.LostInherited(self.client, self.layout, settings.queue, settings.run_id)
+        every = app.settings.lost_check_interval
+        self.lost_chunks = recovery.LostChunks(self.client, self.layout, settings.queue, every)
+        self.lost_inherited = recovery.LostInherited(self.client, self.layout, settings.queue, settings.run_id, every)
         self._inherited_items: dict[str, dict[str, Any]] = {}  # inherited ids' items, as plan() yielded them
         self.chunks: dict[str, list[str]] = {}  # chunk task id -> item ids without a record yet
         self.waiting: set[str] = set()  # ids in flight (this driver's or an earlier one's)
@@ -238,7 +239,8 @@ class Driver:
             if only_waiting and record.id not in self.waiting:
                 continue
             self.waiting.discard(record.id)
-            self.progress.per_worker[record.worker or "?"] += 1
+            if record.worker:  # a record the driver wrote (lost, cancelled) names no worker
+                self.progress.per_worker[record.worker] += 1
             self.on_record(record)
             records.append(record)
             if isinstance(record, Ready):

@@ -5,9 +5,10 @@
   earlier driver and are awaited, not dispatched again. ``--rerun-failed`` forgets failures.
 * **Lost chunks.** A message can vanish between a queue and a worker's hold (the worker was
   killed after taking it, before kombu recorded it as unacknowledged). A chunk that has not
-  started and is in no queue and no hold on two checks 10 s apart is sent again. Ids an earlier
-  driver dispatched have no chunk id here: when no message of the run is queued, held or
-  waiting in a worker's own queue on two checks 10 s apart, those still awaited are sent again.
+  started and is in no queue and no hold on two checks ``lost_check_interval`` (10 s) apart is
+  sent again. Ids an earlier driver dispatched have no chunk id here: when no message of the run
+  is queued, held or waiting in a worker's own queue on two such checks, those still awaited are
+  sent again.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _runs_again(raw: bytes, rerun_failed: bool) -> bool:
 class LostChunks:
     """Finds chunks lost between a queue and a worker's hold (see the module docstring)."""
 
-    def __init__(self, client: redis.Redis, layout: RedisLayout, queue: str, every: float = 10.0) -> None:
+    def __init__(self, client: redis.Redis, layout: RedisLayout, queue: str, every: float) -> None:
         self.client, self.layout, self.queue, self.every = client, layout, queue, every
         self._suspects: set[str] = set()
         self._last = time.monotonic()
@@ -84,7 +85,7 @@ class LostChunks:
 class LostInherited:
     """Tells when the chunks an earlier driver dispatched are gone (see the module docstring)."""
 
-    def __init__(self, client: redis.Redis, layout: RedisLayout, queue: str, run_id: str, every: float = 10.0) -> None:
+    def __init__(self, client: redis.Redis, layout: RedisLayout, queue: str, run_id: str, every: float) -> None:
         self.client, self.layout, self.queue, self.run_id, self.every = client, layout, queue, run_id, every
         self._suspect = False
         self._last = time.monotonic()
