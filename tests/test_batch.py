@@ -215,7 +215,7 @@ def test_kill_workers_ten_times_every_id_runs_and_only_a_killed_process_causes_a
                               cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed: set[int] = set()
     for kill in range(10):
-        wait_for(lambda: len(lines(sink / "ready.ndjson")) > 100 * (kill + 1) and len(driver_workers(driver)) == 2,
+        wait_for(lambda k=kill: len(lines(sink / "ready.ndjson")) > 100 * (k + 1) and len(driver_workers(driver)) == 2,
                  60, f"100 more results and both workers up before kill {kill + 1}")
         victim = driver_workers(driver)[kill % 2]
         killed |= {victim.pid, *(child.pid for child in victim.children(recursive=True))}
@@ -388,8 +388,8 @@ def test_records_naming_no_worker_do_not_count_as_a_healthy_worker_that_lets_the
                   encode(Failure.of_chunk("lost-1", RuntimeError("worker died"), "chunk-0"))])
 
     def fail_on_w1(attempt: int) -> None:
-        history.append(app.redis, "chunk-1", AttemptRecord(attempt, "cpu", Compute(cpu="1"), Reason.WORKER_LOST,
-                                                           "killed", "w1@test"))
+        record = AttemptRecord(attempt, "cpu", Compute(cpu="1"), Reason.WORKER_LOST, "killed", "w1@test")
+        history.append(app.redis, "chunk-1", record)
         driver.quarantine.observe("chunk-1")
 
     fail_on_w1(1)
