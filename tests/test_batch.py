@@ -381,8 +381,9 @@ def test_records_naming_no_worker_do_not_count_as_a_healthy_worker_that_lets_the
     from sluice.tasks.retry import AttemptRecord, Reason
 
     app = App("tests.quarantine.last")
-    task_file = TaskFile.from_source("t.py", "def plan():\n    yield {'id': 'a'}\n\ndef execute(item):\n    return {}\n", [])
-    driver = Driver(app, task_file, Sink(tmp_path / "sink").open(), RunSettings("last-run", "cpu", quarantine_after=1), 1)
+    source = "def plan():\n    yield {'id': 'a'}\n\ndef execute(item):\n    return {}\n"
+    run = RunSettings("last-run", "cpu", quarantine_after=1)
+    driver = Driver(app, TaskFile.from_source("t.py", source, []), Sink(tmp_path / "sink").open(), run, 1)
     driver.waiting.update(["ok-1", "lost-1", "ok-2"])
     driver.write([encode(Ready("ok-1", {}, "w1@test", 1, time.time(), 0.01)),
                   encode(Failure.of_chunk("lost-1", RuntimeError("worker died"), "chunk-0"))])
