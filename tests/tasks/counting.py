@@ -1,6 +1,7 @@
 """A task file for the batch tests: every execute() leaves a mark the test can count.
 
 --marks DIR       append "<id>\\n" to DIR/<pid>.marks on every execution (O_APPEND: lines stay whole)
+--done DIR        append "<id> <time.time()>\\n" to DIR/<pid>.done when an execution's body ends
 --sleep S         each execute() sleeps S seconds
 --fail-every K    ids whose number is a multiple of K raise ValueError (a business failure)
 --dup-every K     plan() yields every K-th item twice
@@ -20,6 +21,7 @@ def _args():
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=10)
     p.add_argument("--marks", default=None)
+    p.add_argument("--done", default=None)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--fail-every", type=int, default=0)
     p.add_argument("--dup-every", type=int, default=0)
@@ -54,6 +56,9 @@ def execute(item):
         sys.exit(3)
     if item["i"] == args.nan_on:
         return {"stats": {"loss": [1.0, float("nan")]}}
+    if args.done:
+        with open(os.path.join(args.done, f"{os.getpid()}.done"), "a") as out:
+            out.write(f"{item['id']} {time.time()}\n")
     return {"square": item["i"] ** 2}
 
 
