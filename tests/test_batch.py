@@ -22,7 +22,7 @@ EXAMPLE = ROOT / "examples" / "task.py"
 COUNTING = ROOT / "tests" / "tasks" / "counting.py"
 
 
-def compute(*args: str, home: Path, timeout: float = 180, **env: str) -> subprocess.CompletedProcess[str]:
+def compute(*args: str, home: Path, timeout: float = 100, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sluice", "compute", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=_env(home) | env)
 
@@ -95,7 +95,7 @@ def test_traj_writes_every_success_once_as_a_lance_dataset_and_resume_rebuilds_i
     sink = tmp_path / ("a-sink-directory-with-a-long-name-" * 3) / "run"
     env = {k: v for k, v in _env(tmp_path).items() if k != "COLUMNS"}
     first = subprocess.run([sys.executable, "-m", "sluice", "compute", str(EXAMPLE), "-w", "2", "--sink", str(sink),
-                            "--traj", "--", "--n", "120"], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                            "--traj", "--", "--n", "120"], capture_output=True, text=True, timeout=100, cwd=ROOT,
                            env=env)
     assert first.returncode == 0, first.stderr
     assert f"wrote Lance dataset {sink / 'results.lance'} (120 rows)\n" in first.stderr.splitlines(keepends=True)
@@ -344,7 +344,7 @@ def test_redis_killed_and_restarted_mid_run_the_run_completes_with_every_id_once
         server.process.wait(10)
         time.sleep(2)
         server.start()
-        _, err = driver.communicate(timeout=180)
+        _, err = driver.communicate(timeout=100)
         assert driver.returncode == 0, err[-3000:]
     finally:
         server.stop()
@@ -359,7 +359,7 @@ def test_cluster_workers_load_the_task_file_from_redis(redis_server: object, wor
     any sluice worker runs them, loading the task file from the run's source in Redis."""
     workers.start("tests.apps.basic", "cpu", "cluster-cpu", "--without-mingle", "--without-gossip")  # type: ignore[attr-defined]
     result = compute(str(EXAMPLE), "--broker", redis_server.url, "--results", "ndjson", "--", "--n", "20",  # type: ignore[attr-defined]
-                     home=tmp_path, timeout=120)
+                     home=tmp_path, timeout=90)
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(records) == 20 and {r["worker"] for r in records} == {"cluster-cpu@test"}

@@ -39,7 +39,7 @@ def test_redis_killed_and_restarted_while_tasks_run_fails_none(redis_server: Emb
         server.process.wait(10)
         time.sleep(3)
         server.start()
-        states = [result.get(timeout=240, propagate=False) and result.state for result in results]
+        states = [result.get(timeout=90, propagate=False) and result.state for result in results]
         assert states == ["SUCCESS"] * TASKS, [r.info for r in results if r.state != "SUCCESS"]
         completed = [int(client.get(f"test:completed:{r.id}") or 0) for r in results]
         assert all(n >= 1 for n in completed), completed   # a body writes its mark once it ran to the end

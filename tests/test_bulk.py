@@ -34,7 +34,7 @@ def test_delay_many_runs_every_call_once_and_yields_each_as_it_finishes(basic_ap
     workers.start("tests.apps.basic", "cpu", "cpu1", *FAST)
     bulk = basic_app.double.delay_many(range(2500), progress=False)
     assert isinstance(bulk, BulkResult) and len(bulk) == 2500 and len({r.id for r in bulk.results}) == 2500
-    seen = dict(bulk.as_completed(timeout=120, progress=False))
+    seen = dict(bulk.as_completed(timeout=90, progress=False))
     assert seen == {i: 2 * i for i in range(2500)}
     assert bulk.get(timeout=30) == [2 * i for i in range(2500)]
 

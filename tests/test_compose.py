@@ -64,7 +64,7 @@ def test_compose_refuses_to_start_without_a_password(missing: str) -> None:
 
 def test_compose_spec_schema_accepts_it() -> None:
     result = subprocess.run([_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=90)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -100,9 +100,9 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in copied:
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, source / name)
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=60)
     install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", spec], cwd=source,
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=100)
     assert install.returncode == 0, install.stderr[-3000:]
     return venv / "bin"
 
@@ -184,7 +184,7 @@ def test_every_container_command_runs_in_the_image_the_dockerfile_builds(
         probe = running.run(command, timeout=60)
         assert probe.returncode == 0, (command, probe.stdout, probe.stderr)
     for command in by_kind["demo"]:
-        demo = running.run(command, timeout=180)
+        demo = running.run(command, timeout=90)
         assert demo.returncode == 0 and "skipped" not in demo.stdout, (command, demo.stdout, demo.stderr[-3000:])
 
     for n, command in enumerate(by_kind["flower"]):

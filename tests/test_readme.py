@@ -148,7 +148,7 @@ def test_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
         for name in ("cpu", "highmem"):
             wait_for(lambda n=name: client.exists(keys.worker_heartbeat(f"{n}@{host}")), 60, f"{name} worker")
         run = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=180)
+                             timeout=100)
         assert run.returncode == 0, run.stdout + run.stderr
         explained = next(line for line in run.stdout.splitlines() if "myapp.tasks.skewed_join" in line)
         assert "highmem" in explained, explained
@@ -178,7 +178,7 @@ def _demo_runs_beside_it(env: dict[str, str], cwd: Path) -> None:
     """`sluice demo` on the same home keeps its own Redis: it finishes, and `sluice up`'s
     queues and workers are untouched."""
     demo = subprocess.run(["sluice", "demo", "--timeout", "120"], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=240)
+                          timeout=100)
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "trained 3 epochs" in demo.stdout and "join_tables" in demo.stdout
     assert (cwd / "home" / "demo" / "logs" / "worker-cpu.log").exists()

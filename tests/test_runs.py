@@ -30,7 +30,7 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def sluice(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sluice", *args], capture_output=True, text=True, timeout=180,
+    return subprocess.run([sys.executable, "-m", "sluice", *args], capture_output=True, text=True, timeout=100,
                           cwd=ROOT, env=env)
 
 
@@ -76,7 +76,7 @@ def test_two_runs_at_once_without_a_broker_and_their_directories_expire_unless_k
     first = subprocess.Popen([sys.executable, "-m", "sluice", "compute", str(EXAMPLE), "-w", "1", "--", "--n", "30"],
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     second = sluice("compute", str(EXAMPLE), "-w", "1", "--keep", "--", "--n", "30", env=env)
-    out, err = first.communicate(timeout=180)
+    out, err = first.communicate(timeout=100)
     assert first.returncode == 0 and second.returncode == 0, err + second.stderr
     gone, kept = _run_id(err), _run_id(second.stderr)
     for run_id in (gone, kept):

@@ -170,7 +170,7 @@ def test_a_worker_killed_after_a_failover_has_its_task_recovered_by_the_reaper(t
             victim.wait(30)
             wait_for(lambda: cluster.master_port() not in (None, old_master), 60, "the Sentinels to promote the replica")
             pool.start("tests.apps.ladder", "small", "heir", *args, env=env, wait=False)
-            assert result.get(timeout=120)["attempt"] == 2
+            assert result.get(timeout=90)["attempt"] == 2
             assert client.get(f"test:completed:{result.id}") == b"1"
             assert client.lrange(f"test:runs:{result.id}", 0, -1) == [b"small", b"medium"]
         finally:

@@ -149,7 +149,7 @@ def test_compute_on_the_cluster_says_why_a_worker_refused_the_run(
                   env={"SLUICE_REMOTE_SECRET": "", "SLUICE_HOME": str(tmp_path / "elsewhere")})
     sink = tmp_path / "sink"
     result = compute(str(EXAMPLE), "--broker", redis_server.url, "--sink", str(sink), "--", "--n", "3",
-                     home=tmp_path, timeout=120)
+                     home=tmp_path, timeout=90)
     assert result.returncode == 1, result.stderr
     stderr = " ".join(result.stderr.split())
     assert stderr.count("a worker refused item") == 1 and "no signing secret" in stderr, result.stderr

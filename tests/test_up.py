@@ -69,14 +69,14 @@ def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
         # The compose `app` service's command: with no gpu worker (compose without --profile gpu) the
         # demo runs what has a worker, says what it skipped, and succeeds instead of waiting on it.
         demo = subprocess.run([sys.executable, "-m", "sluice.demo", "--wait-for-workers", "3"], capture_output=True,
-                              text=True, timeout=120, env=env | {"SLUICE_BROKER_URL": url}, cwd=tmp_path)
+                              text=True, timeout=90, env=env | {"SLUICE_BROKER_URL": url}, cwd=tmp_path)
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert "sluice.demo.word_count: 5 (queue cpu" in demo.stdout and "sluice.demo.join_tables: " in demo.stdout
         assert "sluice.demo.train: skipped: no worker serves the gpu class" in demo.stdout
 
         # A client that has only run the export lines can make remote calls (the signing secret included).
         client_env = env | exports | {"SLUICE_HOME": str(tmp_path / "client-home")}
-        call = subprocess.run([sys.executable, "-c", REMOTE_CLIENT], capture_output=True, text=True, timeout=120,
+        call = subprocess.run([sys.executable, "-c", REMOTE_CLIENT], capture_output=True, text=True, timeout=90,
                               env=client_env, cwd=tmp_path)
         assert call.returncode == 0, call.stderr
         assert call.stdout.split() == ["49", f"cpu@{_host()}"]
