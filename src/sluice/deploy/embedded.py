@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from sluice.errors import BrokerUnavailable, DataDirInUse
 
@@ -94,10 +96,23 @@ def find_redis_server() -> str:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and that this process was not
+    handed before (the kernel may offer a port again once its socket is closed: two servers
+    started one after the other, say a master and its replica, would get the same one)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+
+
+_handed_out: set[int] = set()
+
+
+class PortTaken(Exception):
+    """Another process bound the port sluice chose before its redis-server could."""
 
 
 class DataDirLock:
@@ -158,6 +173,7 @@ class EmbeddedRedis:
         """``bind`` is where the server listens; ``host`` is how others reach it (in ``url``);
         ``owner`` names this user of the data dir to a second one (``sluice up``, say)."""
         self.data_dir = Path(data_dir)
+        self.chosen_port = port is None  # ours to change if another process takes it first
         self.port = port or free_port()
         self.password = password or secrets.token_urlsafe(18)
         self.bind, self.host = bind, host
@@ -171,11 +187,34 @@ class EmbeddedRedis:
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=5)
 
+    def _probe(self) -> redis.Redis:
+        """A client that asks once and briefly: what answers on the port may not be our server
+        (it may not answer at all), and its exit must be seen at once."""
+        return redis.Redis(
+            host="127.0.0.1",
+            port=self.port,
+            password=self.password,
+            socket_timeout=0.5,
+            socket_connect_timeout=0.5,
+            retry=Retry(NoBackoff(), 0),
+        )
+
     def start(self, timeout: float = 15.0) -> EmbeddedRedis:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers PING. A port sluice chose that another
+        process took between the choice and the server's bind is chosen again (three times)."""
+        for _ in range(3):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                self.port = free_port()
+        return self._start(timeout)
+
+    def _start(self, timeout: float) -> EmbeddedRedis:
         private_dir(self.data_dir)
         self.lock.acquire()
-        log = private_log(self.data_dir / "redis.log")
+        log_path = self.data_dir / "redis.log"
+        logged = log_path.stat().st_size if log_path.exists() else 0
+        log = private_log(log_path)
         self.process = subprocess.Popen(
             [
                 find_redis_server(),
@@ -208,11 +247,14 @@ class EmbeddedRedis:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.lock.release()
+                if self.chosen_port and b"Address already in use" in log_path.read_bytes()[logged:]:
+                    raise PortTaken(self.port)
                 raise BrokerUnavailable(
                     f"redis-server exited with code {self.process.returncode}; see {self.data_dir / 'redis.log'}"
                 )
             try:
-                if self.client().ping():
+                if self._probe().ping():
                     return self
             except redis.RedisError:
                 time.sleep(0.05)
