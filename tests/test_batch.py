@@ -28,8 +28,10 @@ def compute(*args: str, home: Path, timeout: float = 100, **env: str) -> subproc
 
 
 def _env(home: Path) -> dict[str, str]:
+    """The run's own embedded Redis (no broker), and lost chunks looked for every second, not
+    every 10 s: the resume tests wait through two such checks."""
     env = {k: v for k, v in os.environ.items() if k != "SLUICE_BROKER_URL"}
-    return env | {"SLUICE_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    return env | {"SLUICE_HOME": str(home), "PYTHONPATH": str(ROOT), "SLUICE_LOST_CHECK_INTERVAL": "1"}
 
 
 def lines(path: Path) -> list[dict]:
