@@ -22,7 +22,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from celery import signals, states
-from celery.result import AsyncResult, ResultSet
+from celery.result import AsyncResult, EagerResult, ResultSet
 from celery.utils.saferepr import saferepr
 from rich.progress import Progress
 from vine import barrier
@@ -54,9 +54,12 @@ class BulkResult(ResultSet):
     _armed = False
     _results: list[AsyncResult] | None  #: made when first asked for (see ``results``)
 
-    def __init__(self, ids: list[str], app: Any = None) -> None:
+    def __init__(self, ids: list[str], app: Any = None, results: list[AsyncResult] | None = None) -> None:
+        """``results``: the calls' result objects when they were made anyway (``apply_async``'s,
+        whose ``EagerResult`` in eager mode is the only place an eager call's value is kept)."""
         self._ids = ids
         super().__init__(None, app=app, ready_barrier=barrier())
+        self._results = results
 
     @property
     def results(self) -> list[AsyncResult]:
@@ -78,7 +81,11 @@ class BulkResult(ResultSet):
 
     def iter_native(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Celery's, with the ready barrier (and so the subscriptions) made when first waited on.
-        A result that finished before is read from its stored state as the wait starts."""
+        A result that finished before is read from its stored state as the wait starts. Eager
+        calls (``task_always_eager``) have ended already and store nothing: their values are
+        their ``EagerResult``'s."""
+        if self.results and all(isinstance(result, EagerResult) for result in self.results):
+            return iter([(result.id, result._get_task_meta()) for result in self.results])
         if not self._armed:
             self._set_ready_barrier(barrier(self.results))
             self._armed = True
@@ -121,7 +128,8 @@ def delay_many(
     route = app.amqp.router.route({}, task.name, (), {}, task)
     if _needs_apply_async(task, route["queue"]):
         with _progress(progress, "submitted", total) as advance:
-            return BulkResult([_advanced(advance, task.apply_async(args, kwargs).id) for args in calls], app=app)
+            sent = [_advanced(advance, task.apply_async(args, kwargs)) for args in calls]
+        return BulkResult([result.id for result in sent], app=app, results=sent)
     published: list[str] = []
     with app.producer_or_acquire() as producer, _progress(progress, "submitted", total) as advance:
         publisher = _ChunkPublisher(task, producer, route, kwargs or {})
@@ -260,9 +268,9 @@ def _needs_apply_async(task: Task, queue: Any) -> bool:
     )
 
 
-def _advanced(advance: Any, task_id: str) -> str:
+def _advanced(advance: Any, result: AsyncResult) -> AsyncResult:
     advance(1)
-    return task_id
+    return result
 
 
 @contextmanager
