@@ -64,16 +64,36 @@ def early(request: pytest.FixtureRequest) -> subprocess.Popen[bytes]:
     return request.config.stash[_EARLY][request.node.nodeid]
 
 
+#: The variables the session's Redis sets for the tests that use it (and their workers), and only
+#: for them: a test without it sees none of them, whichever test ran before.
+SERVER_ENV = ("SLUICE_BROKER_URL", "SLUICE_HOME", "SLUICE_REMOTE_SECRET")
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     """One redis-server for the session; SLUICE_BROKER_URL points every app and worker at it (and
-    one remote-call signing secret is shared by the tests and their workers)."""
+    one remote-call signing secret is shared by the tests and their workers). The variables are
+    restored when the session ends."""
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
-    os.environ["SLUICE_BROKER_URL"] = server.url
-    os.environ["SLUICE_HOME"] = str(tmp_path_factory.mktemp("sluice-home"))
-    os.environ["SLUICE_REMOTE_SECRET"] = "sluice-tests-signing-secret"
-    yield server
+    values = (server.url, str(tmp_path_factory.mktemp("sluice-home")), "sluice-tests-signing-secret")
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in zip(SERVER_ENV, values):
+            env.setenv(name, value)
+        yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _server_env_only_where_used(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+                                tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A test that does not use the session's Redis runs without its variables (and with a
+    SLUICE_HOME of its own, never the user's), so its outcome does not depend on whether an
+    integration test ran before it."""
+    if "redis_server" in request.fixturenames:
+        return
+    for name in SERVER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLUICE_HOME", str(tmp_path_factory.mktemp("home")))
 
 
 @pytest.fixture

@@ -262,19 +262,21 @@ class Driver:
             return
         self._last_poll = time.monotonic()
         self._resend_lost_inherited()
+        self.quarantine.decide()
         if not self.chunks:
             return
         ids = list(self.chunks)
         chunk_states = task_states(self.client, self.app, ids)
         ended: list[str] = []
         for chunk_id, state in zip(ids, chunk_states):
-            if not any(i in self.waiting for i in self.chunks[chunk_id]):
-                if state in states.READY_STATES:
-                    ended += self.chunks.pop(chunk_id)
-                    self._items.pop(chunk_id, None)
-                continue
             if state in (states.RETRY, states.FAILURE):
                 self.quarantine.observe(chunk_id)
+            if not any(i in self.waiting for i in self.chunks[chunk_id]):
+                if state in states.READY_STATES:
+                    if state != states.FAILURE:  # a retry between two polls, seen only in its history
+                        self.quarantine.observe(chunk_id)
+                    ended += self.chunks.pop(chunk_id)
+                    self._items.pop(chunk_id, None)
         self._forget_successes(ended)
         self._give_up_on_ended(
             [

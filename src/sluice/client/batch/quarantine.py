@@ -23,16 +23,21 @@ class Quarantine:
         self._seen: set[tuple[str, int]] = set()
 
     def observe(self, chunk_id: str) -> None:
-        """Count the attempts of ``chunk_id`` not counted yet; quarantine whoever reaches the limit."""
+        """Count the attempts of ``chunk_id`` not counted yet, then :meth:`decide`."""
         for attempt in read_history(self.app.redis, chunk_id):
             marker = (chunk_id, attempt.attempt)
-            if marker in self._seen:
-                continue
-            self._seen.add(marker)
-            worker = attempt.worker
-            self.failures[worker] += 1
-            quarantined = self.progress.quarantined
+            if marker not in self._seen:
+                self._seen.add(marker)
+                self.failures[attempt.worker] += 1
+        self.decide()
+
+    def decide(self) -> None:
+        """Quarantine each worker at the limit, unless no other worker is healthy: one that has
+        delivered a record and is not quarantined. Run after every count and every poll, since
+        the healthy peer's first record may come after the last failure was counted."""
+        quarantined = self.progress.quarantined
+        for worker, count in self.failures.items():
             healthy = set(self.progress.per_worker) - set(quarantined) - {worker}
-            if self.failures[worker] >= self.after and worker not in quarantined and healthy:
+            if count >= self.after and worker not in quarantined and healthy:
                 quarantined.append(worker)
                 self.app.control.cancel_consumer(self.queue, destination=[worker])
