@@ -4,7 +4,9 @@ each refused or accepted as documented."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import tomllib
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -27,6 +29,8 @@ from sluice import (
 )
 from sluice.compute import MAX_GPUS
 from sluice.config import setting_keys
+from sluice.config.declare import specs
+from sluice.config.values import DefaultCompute, Flag, Memory, Names, Number, PathValue, Size, Text
 from sluice.errors import ConfigurationError, SluiceError
 from sluice.tasks.remote.settings import RemoteSettings
 from sluice.tasks.retry import MAX_DELAY, MAX_FACTOR
@@ -42,10 +46,12 @@ ANY = st.one_of(
     st.lists(st.sampled_from(["requests", " Requests ", "numpy==1.26.0", "scikit_learn", "scikit-learn>=1", "attrs",
                               "zlib-ng", "Attrs[tests]"]), max_size=4),
 )
-#: Edges every constructor meets each run (the fuzz may not draw them): zero, one, a bool, sizes
-#: with each kind of suffix, a value past 2**63, an unsorted package list.
+#: Edges every constructor and setting meets each run (the fuzz may not draw them): zero, one, a
+#: bool, sizes with each kind of suffix, a value past 2**63, an unsorted package list, flag words,
+#: class names with spaces, a path under ~, a number past a bound.
 EDGES = [0, 1, -1, 1.0, 0.5, 61, 1025, True, False, "0", "1", "1K", "1Ki", " 2Mi ", "3GB", "auto", 2**33, 2**63,
-         ["zlib-ng", " attrs "], ["requests", "Requests==2"]]
+         ["zlib-ng", " attrs "], ["requests", "Requests==2"], "yes", " Off ", "maybe", " cpu, gpu ", "~/x", "a b",
+         "1e400", "2.5", 86_400 * 3650 + 1]
 
 
 def _with_edges(test: Callable[..., None]) -> Callable[..., None]:
@@ -222,7 +228,7 @@ def test_slots_whose_worker_size_overflows_are_refused() -> None:
     except ConfigurationError:
         return
     with pytest.raises(ConfigurationError):
-        built.worker_size
+        _ = built.worker_size
     raise AssertionError("slots=2**33 of 1Gi was accepted; its worker_size raises ConfigurationError")
 
 
@@ -241,23 +247,85 @@ def _toml(value: Any) -> str | None:
 
 
 SETTINGS = [k for k in setting_keys(Settings) + setting_keys(RemoteSettings) if k != "classes"]
+#: Where each setting's key is read into: key -> (the class declaring it, its field, its declaration).
+DECLARED = {key: (cls, name, spec) for cls in (Settings, RemoteSettings) for name, spec in specs(cls).items()
+            for key in spec.keys}
+TRUE, FALSE = {"1", "true", "yes", "on"}, {"", "0", "false", "no", "off"}
+
+
+def _default(cls: type, name: str) -> Any:
+    declared = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return declared.default_factory() if declared.default is dataclasses.MISSING else declared.default
+
+
+def _check_loaded(key: str, raw: Any, loaded: Settings, from_env: bool) -> None:
+    """What a setting's kind must have made of ``raw`` (the environment's text or the file's typed
+    value), judged from the declared kind alone: the accepted forms, the bounds, the default for
+    an empty value. Raises AssertionError naming what was accepted wrongly."""
+    cls, name, spec = DECLARED[key]
+    value = getattr(loaded if cls is Settings else loaded.section(cls), name)
+    kind, empty = spec.kind, raw is None or raw == ""
+    what = f"{key}={raw!r} ({'environment' if from_env else 'sluice.toml'}) was loaded as {value!r}"
+    if from_env and raw == "":                                      # an empty variable is unset
+        assert value == _default(cls, name), what
+        return
+    if isinstance(kind, Text):
+        assert value == (_default(cls, name) if empty else raw), what
+        if key == "intake_queue":
+            assert value.replace("-", "").replace("_", "").replace(".", "").isalnum(), what
+            assert value not in loaded.catalog, what
+    elif isinstance(kind, PathValue):
+        assert value == (_default(cls, name) if empty else Path(raw).expanduser()), what
+    elif isinstance(kind, Number):
+        number = float(raw.strip()) if isinstance(raw, str) else raw
+        assert not isinstance(number, bool) and isinstance(number, (int, float)) and value == number, what
+        assert math.isfinite(value) and kind.low <= value <= kind.high, what
+        assert not (kind.low_open and value == kind.low), what
+        assert isinstance(value, int) if kind.whole else isinstance(value, float), what
+    elif isinstance(kind, Flag):
+        text = str(raw).strip().lower()
+        assert isinstance(value, bool) and (isinstance(raw, bool) or text in TRUE | FALSE), what
+        assert value == (raw if isinstance(raw, bool) else text in TRUE), what
+    elif isinstance(kind, Names):
+        names = raw.split(",") if isinstance(raw, str) else raw
+        assert value == (_default(cls, name) if empty else tuple(n.strip() for n in names)), what
+        assert all(n and n in loaded.catalog for n in value or ()), what
+    elif isinstance(kind, (Size, Memory)):
+        assert _is_int(value) and (0 if isinstance(kind, Size) else 1) <= value <= MAX_VALUE, what
+        if _is_int(raw) or isinstance(kind, Size):
+            assert value == _size_of(raw), what
+        else:
+            assert Compute(memory=raw).memory_bytes == value == Compute(memory=format_memory(value)).memory_bytes, what
+    elif isinstance(kind, DefaultCompute):
+        axis = key.rsplit("_", 1)[-1]
+        given = Compute(**{axis: raw})
+        assert value.inherit(kind.builtin) == given.inherit(kind.builtin) == value, what  # the other axis: built-in
+        assert (value.millicores or 0) > 0 and ((value.memory_bytes or 0) > 0 or value.auto_memory), what
+    else:
+        raise AssertionError(f"{key}: no check for its kind {kind!r}; add one")
 
 
 @pytest.mark.parametrize("key", SETTINGS)
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=ANY)
-def test_every_setting_from_env_or_file_accepts_or_raises_a_sluice_error(key: str, value: Any,
-                                                                         tmp_path: Path) -> None:
-    """Every setting, from the environment (text) or sluice.toml (a typed value), is loaded or
-    refused with a ConfigurationError naming it."""
+@_with_edges
+def test_every_setting_from_env_or_file_is_loaded_as_its_kind_reads_it_or_refused_by_name(
+        key: str, value: Any, tmp_path: Path) -> None:
+    """Every setting, from the environment (text) or sluice.toml (a typed value), is either
+    refused with a ConfigurationError naming it, or loaded as its declared kind reads it: within
+    the kind's bounds, in one of its accepted forms, equal to the value given (the default when
+    given empty)."""
     for env, literal in (({f"SLUICE_{key.upper()}": str(value)}, None), ({}, _toml(value))):
         if not env and literal is None:
             continue
         (tmp_path / "sluice.toml").write_text(f"{key} = {literal}\n" if literal else "")
         try:
-            Settings.load(cwd=tmp_path, env=env)
+            loaded = Settings.load(cwd=tmp_path, env=env)
         except ConfigurationError as exc:
             assert key in str(exc) or key.upper() in str(exc)
+            continue
+        raw = str(value) if env else tomllib.loads(f"v = {literal}")["v"]
+        _check_loaded(key, raw, loaded, from_env=bool(env))
 
 
 @pytest.mark.parametrize(("build", "match"), [
