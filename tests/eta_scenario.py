@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 COUNTDOWN = 150
@@ -58,13 +59,18 @@ def _run(directory: Path) -> dict[str, object]:
                 raise TimeoutError("the scenario's workers did not start in 90 s")
             time.sleep(0.2)
         submitted = time.time()
-        results = [ladder.long_step.apply_async((0.1,), countdown=COUNTDOWN) for _ in range(TASKS)]
+        # the eta a countdown becomes (celery: now + countdown), given explicitly so the outcome has it
+        eta = datetime.fromtimestamp(submitted + COUNTDOWN, timezone.utc)
+        results = [ladder.long_step.apply_async((0.1,), eta=eta) for _ in range(TASKS)]
         for result in results:
             result.get(timeout=COUNTDOWN + 120 - (time.time() - submitted), propagate=False)
         return {"visibility_timeout": ladder.app.conf.broker_transport_options["visibility_timeout"],
-                "submitted": submitted, "finished": time.time(),
+                "eta": eta.timestamp(),
                 "tasks": [{"id": r.id, "state": r.state,
                            "runs": [q.decode() for q in client.lrange(f"test:runs:{r.id}", 0, -1)],
+                           # each attempt's start, as the task body recorded it (tests/apps/ladder.py)
+                           "started": {k.decode().rsplit(":", 1)[1]: float(client.get(k))
+                                       for k in client.keys(f"test:running:{r.id}:*")},
                            "completed": int(client.get(f"test:completed:{r.id}") or 0)} for r in results]}
     finally:
         for worker in workers:

@@ -38,6 +38,9 @@ TASK = "tests.apps.admission."
 FAST = {"SLUICE_HEARTBEAT_INTERVAL": "0.2", "SLUICE_REAPER_INTERVAL": "0.5", "SLUICE_ORPHAN_GRACE": "2"}
 ARGS = ("--without-mingle", "--without-gossip")
 LAYOUT = RedisLayout()
+#: The seed of the forwarding test's kill instants: None draws one (printed, and named in each of its
+#: assertion messages); set it to a printed seed to replay those instants.
+KILL_SEED: int | None = None
 
 
 @dataclass
@@ -139,8 +142,11 @@ def test_add_consumer_gpu_on_a_worker_without_a_gpu_leaves_gpu_tasks_queued_and_
     cluster.plain.control.add_consumer("gpu", destination=["small@test"])
     wait_for(lambda: "not consuming from gpu: class gpu needs a GPU" in cluster.workers.log("small"), 15,
              "the worker to refuse the gpu queue")
+    consumed = cluster.plain.control.inspect(destination=["small@test"], timeout=10).active_queues()
+    assert consumed is not None and "gpu" not in {q["name"] for q in consumed["small@test"]}, consumed
     train = cluster.plain.send_task(TASK + "train", queue="gpu")
-    time.sleep(3)
+    # the small worker has fetched since the gpu task was sent: a task sent after it has run there
+    assert cluster.plain.send_task(TASK + "where", queue="small").get(timeout=30)["queue"] == "small"
     assert train.state == "PENDING"
     assert train.id in LAYOUT.waiting_task_ids(cluster.client, "gpu")
     status = subprocess.run([sys.executable, "-m", "sluice", "status", "-A", APP], cwd=ROOT, capture_output=True,
@@ -173,6 +179,9 @@ def test_a_worker_killed_while_forwarding_loses_nothing_and_forwards_nothing_twi
     """300 400Mi tasks published onto small; the small worker forwards them to big and is
     SIGKILLed three times while doing so (restarted each time). Every task succeeds on big,
     each body ran once, and each message was forwarded exactly once."""
+    seed = KILL_SEED if KILL_SEED is not None else random.SystemRandom().randrange(2**32)
+    print(f"kill instants drawn with seed {seed} (set KILL_SEED = {seed} to replay them)")
+    instants = random.Random(seed)
     run = _cluster(tmp_path)
     tasks = 300
     try:
@@ -185,18 +194,18 @@ def test_a_worker_killed_while_forwarding_loses_nothing_and_forwards_nothing_twi
             if waiting:   # killed once it has begun forwarding, at a random point soon after
                 wait_for(lambda: LAYOUT.queue_depth(run.client, "small") < waiting, 60,
                          "the victim to begin forwarding", interval=0.002)
-                time.sleep(random.uniform(0, 0.02))
+                time.sleep(instants.uniform(0, 0.02))
             os.killpg(victim.pid, signal.SIGKILL)
             victim.wait(30)
             interrupted.append(LAYOUT.queue_depth(run.client, "small"))
-        assert interrupted[0] > 0, "the first kill should land while messages still wait to be forwarded"
+        assert interrupted[0] > 0, f"the first kill should land while messages still wait to be forwarded (seed {seed})"
         run.workers.start(APP, "small", "last", *ARGS, env=run.env)
-        assert [r.get(timeout=120)["queue"] for r in results] == ["big"] * tasks
+        assert [r.get(timeout=120)["queue"] for r in results] == ["big"] * tasks, f"seed {seed}"
         runs = run.client.pipeline()
         for result in results:
             runs.lrange(f"test:ran:{result.id}", 0, -1)
-        assert [r for r in runs.execute() if r != [b"big"]] == []
-        assert run.forwarded() == {"small big": tasks}
+        assert [r for r in runs.execute() if r != [b"big"]] == [], f"seed {seed}"
+        assert run.forwarded() == {"small big": tasks}, f"seed {seed}"
     finally:
         run.workers.stop_all()
         run.server.stop()

@@ -79,17 +79,18 @@ class _Plant:
         return (open, (self.marker, "w"))
 
 
-def test_a_planted_pickle_is_never_unpickled_on_a_worker(redis_server: EmbeddedRedis, workers: Workers,
-                                                         tmp_path: Path) -> None:
-    """A JSON run_step message whose input points at a key holding an unsigned pickle fails with
-    InvalidRequestError and never runs the pickle; a correctly signed one fails the same way on a
-    worker without the secret, which unpickles nothing from Redis."""
+def test_a_planted_or_tampered_asset_value_is_never_unpickled_on_a_worker_and_a_signed_one_is(
+        redis_server: EmbeddedRedis, workers: Workers, tmp_path: Path) -> None:
+    """A signed run_step message whose inputs are values the store signed, one inline in Redis
+    and one spilled to a file, runs on a worker with the secret (the control: this path does load
+    values). The same message with an input that is an unsigned pickle, or a spilled file rewritten
+    after the store wrote it, is refused with the reason for that case, and the pickle never runs;
+    on a worker without the secret even the signed message is refused, before any value is read."""
     import cloudpickle
 
     from sluice import App, keys
     from sluice.assets.step_task import RUN_STEP_TASK, step_signature
     from sluice.errors import InvalidRequestError
-    from sluice.signing import sign
 
     workers.start("tests.apps.basic", "cpu", "signed-assets", *FAST)
     workers.start("tests.apps.basic", "highmem", "no-secret-assets", *FAST,
@@ -97,12 +98,41 @@ def test_a_planted_pickle_is_never_unpickled_on_a_worker(redis_server: EmbeddedR
     client, app = redis_server.client(), App.default()
     secret = app.settings.signing_secret()
     ref = reference_assets.report.ref
-    planted = {"unsigned": (cloudpickle.dumps(_Plant(str(tmp_path / "unsigned-ran"))), "cpu"),
-               "signed": (sign(secret, cloudpickle.dumps(_Plant(str(tmp_path / "signed-ran")))), "highmem")}
-    for name, (blob, queue) in planted.items():
-        client.set(keys.asset_value("evil", name), blob)
-        args = [ref, "evil", {"orders": ["evil", name]}, str(tmp_path)]   # a signed step: only its input is planted
+    inline, spilled = RedisStore(client, tmp_path / "store", secret), RedisStore(client, tmp_path / "store", secret, 0)
+    inline.put("evil", "orders", ["o1", "o2", "o3"])
+    spilled.put("evil", "customers", ["c1", "c2"])
+    inline.put("evil", "join", {"compute": "signed"})
+    spilled_file = Path(client.get(keys.asset_value("evil", "customers")).decode().removeprefix("file:"))
+    assert spilled_file.is_file()
+
+    def run_step(queue: str, **planted: str) -> object:
+        inputs = {"orders": ["evil", "orders"], "customers": ["evil", "customers"], "skewed_join": ["evil", "join"]}
+        inputs |= {param: ["evil", asset] for param, asset in planted.items()}
+        args = [ref, "evil", inputs, str(tmp_path / "store")]      # a signed step: only its inputs are planted
         result = app.send_task(RUN_STEP_TASK, args=args, kwargs={"sig": step_signature(secret, *args)}, queue=queue)
-        with pytest.raises(InvalidRequestError, match="nothing was unpickled|no signing secret"):
-            result.get(timeout=60)
-    assert not (tmp_path / "unsigned-ran").exists() and not (tmp_path / "signed-ran").exists()
+        return result.get(timeout=60)
+
+    assert run_step("cpu") == {"queue": "cpu", "worker": "signed-assets@test", "attempt": 1}
+    assert inline.get("evil", "report") == "3 orders from 2 customers; join ran as signed"   # both values loaded
+
+    client.set(keys.asset_value("evil", "unsigned"), cloudpickle.dumps(_Plant(str(tmp_path / "unsigned-ran"))))
+    with pytest.raises(InvalidRequestError) as unsigned:
+        run_step("cpu", orders="unsigned")
+    assert str(unsigned.value) == ("refusing the value of asset 'unsigned' of run evil: it is not signed "
+                                   "(nothing was unpickled or run)")
+
+    signed = spilled_file.read_bytes()
+    header = signed[:len(signed) - len(cloudpickle.dumps(["c1", "c2"]))]    # the signature the store wrote
+    spilled_file.write_bytes(header + cloudpickle.dumps(_Plant(str(tmp_path / "tampered-ran"))))
+    with pytest.raises(InvalidRequestError) as tampered:
+        run_step("cpu")
+    assert str(tampered.value) == ("refusing the value of asset 'customers' of run evil: its signature does not "
+                                   "match (tampered, or signed with another secret; nothing was unpickled or run)")
+
+    spilled_file.write_bytes(signed)                               # signed again: only the worker lacks the secret
+    with pytest.raises(InvalidRequestError) as no_secret:
+        run_step("highmem")
+    assert str(no_secret.value).startswith(f"refusing asset step {ref!r}: this process has no signing secret")
+    assert not (tmp_path / "unsigned-ran").exists() and not (tmp_path / "tampered-ran").exists()
+    cloudpickle.loads(cloudpickle.dumps(_Plant(str(tmp_path / "control-ran")))).close()
+    assert (tmp_path / "control-ran").exists()                     # unpickled, a plant does leave its file

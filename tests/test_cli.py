@@ -17,11 +17,57 @@ def sluice(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT), "COLUMNS": "200"} | env)
 
 
-def test_python_m_sluice_help() -> None:
+COMMANDS = ["autoscale", "check", "compute", "dead-letters", "demo", "deploy", "explain", "metrics", "profile", "runs",
+            "status", "up", "worker"]
+
+
+def _section(text: str, title: str) -> list[str]:
+    """The lines of one section of click's help (``Commands:``, ``Options:``), up to the next."""
+    lines = text.splitlines()
+    start = lines.index(f"{title}:") + 1
+    end = next((i for i in range(start, len(lines)) if lines[i] and not lines[i].startswith(" ")), len(lines))
+    return lines[start:end]
+
+
+def test_python_m_sluice_help_lists_every_command_with_the_first_words_of_its_help() -> None:
+    """`python -m sluice --help` lists each command, in order, one per line, with its one-line help
+    as click shortens it: the start of the first sentence of the command's own docstring; the
+    "Start here" lines name only commands that exist."""
+    from sluice.cli import main
+
     result = sluice("--help")
-    assert result.returncode == 0
-    for command in ("demo", "up", "worker", "status", "explain"):
-        assert command in result.stdout
+    assert result.returncode == 0, result.stderr
+    listed = {}
+    for line in _section(result.stdout, "Commands"):
+        name, _, short = line.strip().partition(" ")
+        listed[name] = short.strip()
+    assert list(listed) == COMMANDS
+    for name, short in listed.items():
+        first = " ".join(main.commands[name].help.split("\n\n")[0].split())
+        assert short, f"{name} is listed without its help"
+        assert first.startswith(short.removesuffix("...")), (name, short, first)
+    start_here = {line.split()[1] for line in result.stdout.splitlines() if line.strip().startswith("sluice ")}
+    assert start_here and start_here <= set(COMMANDS), start_here
+
+
+def test_worker_help_lists_its_options_with_their_values_and_which_is_required() -> None:
+    """`sluice worker --help`: -A/--app (required), -q/--queue, --allow-no-gpu (a flag),
+    -l/--loglevel (default INFO) and -h/--help, each with the kind of value it takes."""
+    result = sluice("worker", "--help")
+    assert result.returncode == 0, result.stderr
+    options = {}
+    for line in _section(result.stdout, "Options"):
+        if line.startswith("  -"):
+            declared, _, rest = line.strip().partition("  ")
+            flags, _, metavar = declared.rpartition(" ") if declared.split()[-1].isupper() else (declared, "", "")
+            current = options[flags] = [metavar, rest.strip()]
+        else:
+            current[1] += " " + line.strip()
+    assert {flags: metavar for flags, (metavar, _) in options.items()} == {
+        "-A, --app": "TEXT", "-q, --queue": "TEXT", "--allow-no-gpu": "", "-l, --loglevel": "TEXT", "-h, --help": ""}
+    assert options["-A, --app"][1].endswith("[required]")
+    assert options["-l, --loglevel"][1] == "[default: INFO]"
+    assert "[required]" not in " ".join(text for flags, (_, text) in options.items() if flags != "-A, --app")
 
 
 def test_the_command_loads_what_a_command_runs_only_when_it_runs() -> None:

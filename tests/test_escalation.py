@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Iterator
 from types import ModuleType
@@ -127,15 +126,16 @@ def test_a_copy_of_a_finished_task_is_not_run_again(ladder: tuple[ModuleType, Wo
     """A second message under the id of a task that already succeeded (a redelivery, or a
     producer publishing twice) is acknowledged without running the body: the stored result
     stands, the body ran once."""
-    app, _ = ladder
+    app, pool = ladder
     client = redis_server.client()
     first = app.long_step.delay(0.1)
     assert first.get(timeout=60)["attempt"] == 1
     again = app.long_step.apply_async((0.1,), task_id=first.id)
     queue = app.app.route(app.long_step.name).name
+    skipped = f"task {app.long_step.name}[{first.id}] was delivered again after it finished; not running it again"
+    wait_for(lambda: skipped in pool.log("ladder"), 30, "the worker to take the copy and decide not to run it")
     wait_for(lambda: not client.llen(queue) and all(h.task_id != first.id for h in RedisLayout().held(client)), 30,
-             "the copy to be taken and acked")   # only this task: the module's database is not flushed per test
-    time.sleep(0.5)
+             "the copy to be acked")   # only this task: the module's database is not flushed per test
     assert client.get(f"test:completed:{first.id}") == b"1"       # the body ran once
     assert again.get(timeout=10)["attempt"] == 1                   # the first attempt's result stands
 

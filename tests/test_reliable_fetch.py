@@ -35,16 +35,23 @@ def _in_redis(client: redis.Redis, queue: str) -> int:
     return LAYOUT.queue_depth(client, queue) + len([h for h in LAYOUT.held(client) if h.queue == queue])
 
 
+def _blocked(client: redis.Redis) -> list[str]:
+    """The connections Redis holds blocked in a command (an idle worker's wait on its bells)."""
+    return [c["addr"] for c in client.client_list() if "b" in c["flags"]]
+
+
 def test_a_task_sent_to_a_stopped_worker_that_is_then_killed_still_runs(redis_client: redis.Redis, workers: Workers,
                                                                         basic_app) -> None:  # noqa: ANN001
     """The window that lost tasks with kombu's BRPOP: the worker is SIGSTOPped while it waits
     for work, a task is sent, the worker is SIGKILLed. The message is in Redis all along, and
     the next worker runs it."""
     victim = workers.start("tests.apps.basic", "cpu", "stopped", *ARGS, env=FAST_RECOVERY)
-    time.sleep(1.0)  # idle: waiting on the queue's bell
+    wait_for(lambda: _blocked(redis_client), 30, "the idle worker to block on the queue's bell")
     os.killpg(victim.pid, signal.SIGSTOP)
     result = basic_app.default_task.delay()
-    time.sleep(1.5)
+    # the stopped worker's blocking command has been answered (the bell's token, or its timeout):
+    # a BRPOP on the queue itself would now have handed the message to a process that never reads it
+    wait_for(lambda: not _blocked(redis_client), 30, "the stopped worker's wait to be answered")
     assert _in_redis(redis_client, "cpu") == 1
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait(10)

@@ -3,8 +3,10 @@ sections, valid and invalid, checked at decoration time or before anything is se
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import io
+import json
 import pickle
 import socket
 import sqlite3
@@ -16,6 +18,7 @@ from pathlib import Path
 import cloudpickle
 import numpy as np
 import pytest
+import redis
 
 import sluice
 from sluice.client.remote.serialization import dumps, import_hints, pack_call
@@ -26,6 +29,7 @@ from sluice.errors import (
     SerializationError,
 )
 from sluice.signing import decode, encode, seal, unseal
+from sluice.tasks.remote.call import Call
 from sluice.tasks.remote.packages import (
     environment_key,
     normalize_packages,
@@ -144,13 +148,41 @@ def test_gpu_memory_implies_gpu_and_contradiction_is_an_error() -> None:
         sluice.remote(gpu="yes")(lambda: None)  # type: ignore[arg-type]
 
 
-def test_default_memory_comes_from_settings_and_never_exceeds_the_ceiling() -> None:
-    unset = sluice.remote(lambda: None).budget
-    assert unset.memory is None and unset.start(Gi) == Gi  # the operator's default (1Gi unless configured)
-    assert unset.start(3 * Gi) == 3 * Gi
-    assert sluice.remote(max_memory="512Mi")(lambda: None).budget.start(Gi) == 512 * Mi
+def _sent_call(redis_client: redis.Redis, queue: str) -> Call:
+    """The one remote call waiting in ``queue``, its signature checked as a worker checks it."""
+    raw = redis_client.lpop(queue)
+    assert raw is not None, f"nothing was sent to {queue}"
+    assert redis_client.llen(queue) == 0
+    envelope = json.loads(raw)
+    args = json.loads(base64.b64decode(envelope["body"]))[0]
+    return Call.decode(unseal(sluice.Settings.load().remote_secret, args[0]))
+
+
+def test_a_call_that_names_no_memory_is_sent_with_the_remote_memory_setting_capped_by_its_ceiling(
+        redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """spawn() fills in the operator's remote_memory (here SLUICE_REMOTE_MEMORY=768Mi, not the
+    built-in 1Gi) for a function that names no memory, and caps it at the function's max_memory:
+    read back from the signed message it published, nothing supplied by the test."""
+    monkeypatch.setenv("SLUICE_REMOTE_MEMORY", "768Mi")
+    app = sluice.App("tests.remote_rules.default_memory")
+    queue = app.catalog.route(sluice.Compute(memory="768Mi"), "a 768Mi call").name
+
+    sluice.remote(app=app)(_unset).spawn()
+    assert _sent_call(redis_client, queue).memory == 768 * Mi
+    sluice.remote(max_memory="512Mi", app=app)(_unset).spawn()
+    assert _sent_call(redis_client, queue).memory == 512 * Mi
+    sluice.remote(memory="256Mi", app=app)(_unset).spawn()    # its own memory wins over the setting
+    assert _sent_call(redis_client, queue).memory == 256 * Mi
+    assert sluice.remote(lambda: None).budget.memory is None  # the decorator itself fixes no default
+
+
+def test_the_remote_memory_setting_is_1gi_unless_configured() -> None:
     assert sluice.Settings.load(env={"SLUICE_REMOTE_MEMORY": "2Gi"}).section(RemoteSettings).remote_memory == 2 * Gi
     assert sluice.Settings.load(env={}).section(RemoteSettings).remote_memory == Gi
+
+
+def _unset() -> None:
+    """A remote function sent, never run."""
 
 
 # ---- Pickling ---------------------------------------------------------------------------------

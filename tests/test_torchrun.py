@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from sluice.deploy.embedded import free_port
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -41,7 +42,8 @@ def test_real_torchrun_rank_zero_drives_and_every_rank_works(tmp_path: Path) -> 
     pytest.importorskip("torch", reason="torch (CPU build) is not installed: pip install torch==2.13.0")
     torchrun = Path(sys.executable).parent / "torchrun"
     sink = tmp_path / "sink"
-    run = subprocess.run([str(torchrun), "--nproc_per_node=2", "--no-python", "--", str(Path(sys.executable).parent / "sluice"),
+    run = subprocess.run([str(torchrun), "--nproc_per_node=2", f"--master_port={free_port()}", "--no-python", "--",
+                          str(Path(sys.executable).parent / "sluice"),
                           "compute", str(RANKED), "--sink", str(sink), "--", "--n", str(ITEMS)],
                          capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env(tmp_path))
     assert run.returncode == 0, run.stderr[-3000:]
@@ -50,7 +52,7 @@ def test_real_torchrun_rank_zero_drives_and_every_rank_works(tmp_path: Path) -> 
 
 
 def test_torchrun_environment_with_a_broker_meets_through_redis(redis_server: Any, tmp_path: Path) -> None:
-    launch = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+    launch = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
               "TORCHELASTIC_RUN_ID": uuid.uuid4().hex, "LOCAL_WORLD_SIZE": "2"}
     sink = tmp_path / "sink"
     command = [sys.executable, "-m", "sluice", "compute", str(RANKED), "--sink", str(sink), "--broker", redis_server.url,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import selectors
 import subprocess
 import sys
 import time
@@ -17,14 +19,46 @@ from tests.conftest import wait_for
 
 MiB = 1 << 20
 HOLD = "import sys, time; b = bytearray({mib} * 1048576); [b.__setitem__(i, 1) for i in range(0, len(b), 4096)]; " \
-       "print('ready', flush=True); time.sleep(60)"
+       "print('ready', flush=True); [print(line, end='', flush=True) for line in sys.stdin]"
 
 
-def _spawn(code: str) -> subprocess.Popen[str]:
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+def _read_until(process: subprocess.Popen[bytes], token: bytes, timeout: float) -> None:
+    """Read the process's output until ``token`` appears; fail after ``timeout`` seconds, or at once
+    if its output ends (it exited) first. Never blocks past the deadline."""
     assert process.stdout is not None
-    wait_for(lambda: "ready" in process.stdout.readline(), 30, "the allocating process")
+    deadline = time.monotonic() + timeout
+    seen = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while token not in seen:
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                pytest.fail(f"timed out after {timeout}s waiting for {token!r} from pid {process.pid} (read {seen!r})")
+            chunk = os.read(process.stdout.fileno(), 4096)
+            if not chunk:
+                pytest.fail(f"pid {process.pid} ended its output (exit {process.poll()}) before {token!r}: {seen!r}")
+            seen += chunk
+
+
+def _spawn(code: str) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        _read_until(process, b"ready", 30)
+    except BaseException:
+        process.kill()
+        process.wait(10)
+        raise
     return process
+
+
+def _answers(process: subprocess.Popen[bytes]) -> bool:
+    """The process echoes a line sent to it now: it was running after everything before this call
+    (a SIGKILL sent earlier leaves it no instant to run in)."""
+    assert process.stdin is not None
+    process.stdin.write(b"ping\n")
+    process.stdin.flush()
+    _read_until(process, b"ping", 30)
+    return True
 
 
 @pytest.mark.parametrize("via_child", [False, True], ids=["process", "grandchild"])
@@ -54,8 +88,7 @@ def test_leaves_a_process_within_its_limit(redis_client: redis.Redis) -> None:
         watched = [Watched("t-2", "tests.small", process.pid, 200 * MiB, "cpu")]
         dog = MemoryWatchdog(lambda: watched, redis_client, "w@test", interval=0.0)
         assert dog.check_once() == []
-        time.sleep(0.2)
-        assert process.poll() is None
+        assert _answers(process)                    # not killed: it still runs after the check
         assert redis_client.get(keys.memory_kill("t-2")) is None
     finally:
         process.kill()
