@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import hypothesis
 import pytest
 import redis
 
@@ -20,6 +21,11 @@ from sluice import keys
 from sluice.deploy.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Property tests are bounded by their number of examples (100 unless a test says otherwise), never
+# by hypothesis's 200 ms deadline per example: the time one takes on a loaded machine decides nothing.
+hypothesis.settings.register_profile("sluice", deadline=None)
+hypothesis.settings.load_profile("sluice")
 
 #: Fixtures that start a redis-server (and, through it, workers): a test using one is integration.
 _REAL_SERVER_FIXTURES = {"redis_server"}

@@ -47,6 +47,13 @@ class ResourceClass:
                 )
         if not isinstance(self.pack, bool):
             raise ConfigurationError(f"resource class {self.name!r}: pack={self.pack!r} must be true or false")
+        try:
+            self.worker_size  # noqa: B018 - computed to check it: the slots times the slot must be a compute
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"resource class {self.name!r}: slots={self.slots} of {self.slot.describe()} make a worker "
+                f"larger than a compute can be ({exc}); use fewer slots"
+            ) from None
         if self.min_replicas > self.max_replicas:
             raise ConfigurationError(
                 f"resource class {self.name!r}: min_replicas={self.min_replicas} "
