@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -108,6 +109,15 @@ def redis_client(redis_server: EmbeddedRedis) -> redis.Redis:
     client = redis_server.client()
     client.flushdb()
     return client
+
+
+def seeded_random(what: str) -> tuple[random.Random, int]:
+    """A random source for a test's choices (kill instants, say) and its seed: TEST_SEED from the
+    environment, else a fixed one, so a run is replayed by its printed seed and CI runs the same
+    choices every time."""
+    seed = int(os.environ.get("TEST_SEED", "20261207"))
+    print(f"{what}: seeded with TEST_SEED={seed}")
+    return random.Random(seed), seed
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> object:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from sluice.errors import NoQueueFits
 from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.broker.letters import DeadLetter
 from tests.apps import admission
-from tests.conftest import ROOT, Workers, wait_for
+from tests.conftest import ROOT, Workers, seeded_random, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +37,6 @@ TASK = "tests.apps.admission."
 FAST = {"SLUICE_HEARTBEAT_INTERVAL": "0.2", "SLUICE_REAPER_INTERVAL": "0.5", "SLUICE_ORPHAN_GRACE": "2"}
 ARGS = ("--without-mingle", "--without-gossip")
 LAYOUT = RedisLayout()
-#: The seed of the forwarding test's kill instants: None draws one (printed, and named in each of its
-#: assertion messages); set it to a printed seed to replay those instants.
-KILL_SEED: int | None = None
 
 
 @dataclass
@@ -179,9 +175,7 @@ def test_a_worker_killed_while_forwarding_loses_nothing_and_forwards_nothing_twi
     """300 400Mi tasks published onto small; the small worker forwards them to big and is
     SIGKILLed three times while doing so (restarted each time). Every task succeeds on big,
     each body ran once, and each message was forwarded exactly once."""
-    seed = KILL_SEED if KILL_SEED is not None else random.SystemRandom().randrange(2**32)
-    print(f"kill instants drawn with seed {seed} (set KILL_SEED = {seed} to replay them)")
-    instants = random.Random(seed)
+    instants, seed = seeded_random("kill instants")
     run = _cluster(tmp_path)
     tasks = 300
     try:

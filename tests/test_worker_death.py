@@ -17,7 +17,7 @@ import redis
 
 import sluice
 from sluice.deploy.embedded import EmbeddedRedis
-from tests.conftest import Workers, wait_for
+from tests.conftest import Workers, seeded_random, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -101,13 +101,10 @@ def test_twenty_worker_kills_under_delay_load_lose_no_task(redis_server: Embedde
     completed, and a body completed twice only within what the kills can explain (the
     at-least-once window: at most two running tasks per kill)."""
     import importlib
-    import random
 
     from sluice.queues.broker.layout import RedisLayout
 
-    seed = int(os.environ.get("TEST_SEED", "20261207"))
-    print(f"kill instants seeded with TEST_SEED={seed}")
-    instants = random.Random(seed)
+    instants, seed = seeded_random("kill instants")
     ladder = importlib.import_module("tests.apps.ladder")
     client: redis.Redis = redis_server.client()
     pool = Workers(client, tmp_path)
