@@ -18,7 +18,7 @@ import hypothesis
 import pytest
 import redis
 
-from sluice import keys
+from sluice import App, keys
 from sluice.deploy.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,15 +92,20 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
 
 @pytest.fixture(autouse=True)
 def _server_env_only_where_used(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
-                                tmp_path_factory: pytest.TempPathFactory) -> None:
+                                tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A test that does not use the session's Redis runs without its variables (and with a
     SLUICE_HOME of its own, never the user's), so its outcome does not depend on whether an
-    integration test ran before it."""
+    integration test ran before it; the process's default App (made once, from the environment
+    of its first use) is made again on each side of it, so none leaks across."""
     if "redis_server" in request.fixturenames:
+        yield
         return
     for name in SERVER_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLUICE_HOME", str(tmp_path_factory.mktemp("home")))
+    App.default.cache_clear()
+    yield
+    App.default.cache_clear()
 
 
 @pytest.fixture
