@@ -113,9 +113,14 @@ def test_traj_writes_every_success_once_as_a_lance_dataset_and_resume_rebuilds_i
 
 
 def test_a_worker_that_keeps_failing_is_quarantined(tmp_path: Path) -> None:
-    sink = tmp_path / "run"
+    """w1 dies on every item it takes: it is quarantined (w0, healthy, never is), the items its
+    dead chunks held end as lost, and resume runs them; counted where they run, no item's body
+    completed twice (w1 completes none; a chunk sent twice would show here, not in the sink)."""
+    sink, done = tmp_path / "run", tmp_path / "done"
+    done.mkdir()
     result = compute(str(ROOT / "tests" / "tasks" / "where.py"), "-w", "2", "--retries", "2", "--quarantine-after",
-                     "2", "--sink", str(sink), "--observe", "--", "--n", "80", "--die-on", "w1.", home=tmp_path)
+                     "2", "--sink", str(sink), "--observe", "--", "--n", "80", "--die-on", "w1.", "--done", str(done),
+                     home=tmp_path)
     assert result.returncode == 1, result.stderr          # some items failed (those w1 took before quarantine)
     checkpoint = json.loads((sink / "checkpoint.json").read_text())
     assert len(checkpoint["quarantined"]) == 1 and checkpoint["quarantined"][0].startswith("w1.")
@@ -128,10 +133,13 @@ def test_a_worker_that_keeps_failing_is_quarantined(tmp_path: Path) -> None:
     # resume runs again (a business failure is "failed" and is skipped)
     assert failed and all(r["status"] == "lost" and r["chunk"] for r in failed)
     resumed = compute(str(ROOT / "tests" / "tasks" / "where.py"), "-w", "1", "--sink", str(sink), "--resume",
-                      "--", "--n", "80", home=tmp_path)
+                      "--", "--n", "80", "--done", str(done), home=tmp_path)
     assert resumed.returncode == 0, resumed.stderr                          # the lost items ran again
     assert sorted(r["id"] for r in lines(sink / "ready.ndjson")) == sorted(f"t-{i}" for i in range(80))
     assert lines(sink / "failures.ndjson") == []                            # and no stale record is left
+    completions = Counter(i for path in done.iterdir() for i in path.read_text().split())
+    assert sorted(completions) == sorted(f"t-{i}" for i in range(80))
+    assert [i for i, n in completions.items() if n > 1] == [], "an item's body completed twice"
 
 
 def test_failures_duplicates_and_missing_ids(tmp_path: Path) -> None:
