@@ -411,3 +411,25 @@ def test_records_naming_no_worker_do_not_count_as_a_healthy_worker_that_lets_the
     driver._last_poll = 0.0
     driver._poll_chunks()
     assert driver.progress.quarantined == ["w1@test"]
+
+
+def test_a_second_driver_of_a_running_run_is_refused_and_the_first_finishes_undisturbed(tmp_path: Path) -> None:
+    """While a run goes (its last items wait on a gate), `--resume` of the same sink from another
+    shell exits 2 naming the run and the pid that holds it, before touching anything; the first
+    run then finishes with every id once."""
+    sink, gate = tmp_path / "run", tmp_path / "gate"
+    args = [str(COUNTING), "-w", "1", "--sink", str(sink)]
+    plan = ["--", "--n", "20", "--gate", str(gate), "--gate-from", "1"]
+    first = subprocess.Popen([sys.executable, "-m", "sluice", "compute", *args, *plan], cwd=ROOT, env=_env(tmp_path),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: lines(sink / "ready.ndjson"), 60, "the first run's ungated item")
+        second = compute(*args, "--resume", "--", "--n", "20", home=tmp_path, timeout=60)
+        assert second.returncode == 2, second.stderr
+        assert "is already in use by sluice compute run" in second.stderr and f"(pid {first.pid})" in second.stderr
+    finally:
+        gate.touch()
+        _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err[-2000:]
+    named = [r["id"] for r in lines(sink / "ready.ndjson") if r["id"].startswith("item-")]
+    assert sorted(named) == sorted(f"item-{i}" for i in range(20))
