@@ -433,3 +433,29 @@ def test_a_second_driver_of_a_running_run_is_refused_and_the_first_finishes_undi
     assert first.returncode == 0, err[-2000:]
     named = [r["id"] for r in lines(sink / "ready.ndjson") if r["id"].startswith("item-")]
     assert sorted(named) == sorted(f"item-{i}" for i in range(20))
+
+
+def test_a_broker_gone_for_longer_than_outage_wait_ends_the_run_with_75_and_nothing_failed(tmp_path: Path) -> None:
+    """The run's broker is killed (-9) mid-run and stays down: past `outage_wait` (3 s here, two
+    minutes by default) `sluice compute` exits 75, says to --resume, and records no item as
+    failed; the control: the records written before the kill are all successes."""
+    from sluice.deploy.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path / "redis").start()
+    sink, gate = tmp_path / "run", tmp_path / "gate"
+    args = [str(COUNTING), "-w", "1", "--sink", str(sink), "--broker", server.url]
+    try:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "sluice", "compute", *args, "--", "--n", "20", "--gate", str(gate), "--gate-from", "1"],
+            cwd=ROOT, env=_env(tmp_path) | {"SLUICE_OUTAGE_WAIT": "3"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        wait_for(lambda: lines(sink / "ready.ndjson"), 60, "the first result")
+        server.process.kill()
+        server.process.wait(10)
+        _, err = driver.communicate(timeout=60)
+    finally:
+        gate.touch()
+        server.stop()
+    assert driver.returncode == 75, err[-2000:]
+    assert "lost the broker for over 3 s" in err and "run again with --resume" in err
+    assert lines(sink / "failures.ndjson") == [] and lines(sink / "ready.ndjson")

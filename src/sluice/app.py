@@ -82,7 +82,7 @@ def safe_defaults(
         "task_default_queue": default_queue,
         "broker_connection_retry_on_startup": True,
         "worker_direct": True,
-        **redis_client.retry_settings(),
+        **redis_client.retry_settings(settings.outage_wait),
     }
 
 

@@ -3,7 +3,7 @@ a plain ``redis://`` one or the master behind Redis Sentinel (``sentinel://``).
 
 A Redis that restarts (a pod rescheduled, an AOF reload) is unreachable for seconds. Every
 command on a client from :func:`connect` retries connection and timeout errors with
-exponential backoff for about :data:`OUTAGE_WAIT` seconds before it raises, so a blink is waited
+exponential backoff for about ``outage_wait`` seconds (two minutes) before it raises, so a blink is waited
 out instead of failing whatever was running; Celery's publishing and result backend are told
 the same (see :func:`retry_settings`). Past that bound the error surfaces, as
 :class:`redis.ConnectionError` (kombu's ``OperationalError`` from a publish).
@@ -28,17 +28,23 @@ SENTINEL_SCHEME, SENTINEL_PORT = "sentinel", 26379
 
 #: Backoff between attempts: doubling from 0.1 s, at most 5 s.
 BACKOFF_BASE, BACKOFF_CAP = 0.1, 5.0
-#: Retries of one command: 0.2 + 0.4 + ... then 5 s each, about two minutes in all.
-OUTAGE_RETRIES = 28
-#: How long one command waits for an unreachable Redis before it raises (seconds, ~117).
-OUTAGE_WAIT = sum(min(BACKOFF_CAP, BACKOFF_BASE * 2**i) for i in range(1, OUTAGE_RETRIES + 1))
 
 
-def outage_retry() -> Retry:
+def outage_retries(wait: float) -> int:
+    """The retries whose backoffs (0.2 + 0.4 + ... then 5 s each) first add up to ``wait`` seconds:
+    29 for the default two minutes."""
+    retries, waited = 0, 0.0
+    while waited < wait:
+        retries += 1
+        waited += min(BACKOFF_CAP, BACKOFF_BASE * 2**retries)
+    return retries
+
+
+def outage_retry(wait: float) -> Retry:
     """redis-py's retry policy for sluice's clients (a new object per client: it holds state)."""
     return Retry(
         ExponentialBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE),
-        OUTAGE_RETRIES,
+        outage_retries(wait),
         supported_errors=(ConnectionError, TimeoutError),
     )
 
@@ -49,7 +55,8 @@ def connect(url: str, *, wait_out_outages: bool = True, settings: Settings | Non
     ``sentinel://`` URL gives a client on the master the Sentinels name, found again after a
     failover (``settings``' sentinel_master and sentinel_password; default: the configured ones)."""
     if wait_out_outages:
-        kwargs |= {"retry": outage_retry(), "retry_on_error": [ConnectionError, TimeoutError]}
+        wait = (settings or Settings.load()).outage_wait
+        kwargs |= {"retry": outage_retry(wait), "retry_on_error": [ConnectionError, TimeoutError]}
     else:
         kwargs |= {"retry": Retry(ExponentialBackoff(), 0)}
     try:
@@ -128,25 +135,25 @@ def sentinel_kwargs(settings: Settings) -> dict[str, Any]:
     return {"socket_timeout": 5, **({"password": settings.sentinel_password} if settings.sentinel_password else {})}
 
 
-def publish_retry_policy() -> dict[str, float]:
+def publish_retry_policy(wait: float) -> dict[str, float]:
     """Celery's ``task_publish_retry_policy``: a publish waits out an outage for about as long."""
     return {
-        "max_retries": OUTAGE_RETRIES,
+        "max_retries": outage_retries(wait),
         "interval_start": BACKOFF_BASE,
         "interval_step": 0.5,
         "interval_max": BACKOFF_CAP,
     }
 
 
-def retry_settings() -> dict[str, Any]:
+def retry_settings(wait: float) -> dict[str, Any]:
     """Celery settings that make publishing and the Redis result backend retry for about as long
     (storing a result or a state: a task whose body finished is not failed because Redis
     blinked). Celery's backend sleeps a random fraction of each backoff step (full jitter),
     hence twice the retries."""
     return {
-        "task_publish_retry_policy": publish_retry_policy(),
+        "task_publish_retry_policy": publish_retry_policy(wait),
         "result_backend_always_retry": True,
-        "result_backend_max_retries": 2 * OUTAGE_RETRIES,
+        "result_backend_max_retries": 2 * outage_retries(wait),
         "result_backend_base_sleep_between_retries_ms": int(BACKOFF_BASE * 1000),
         "result_backend_max_sleep_between_retries_ms": int(BACKOFF_CAP * 1000),
     }

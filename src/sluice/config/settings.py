@@ -131,6 +131,12 @@ class Settings:
         default=1.3,
     )
     auto_floor: int = setting(Memory(), 'memory="auto": the smallest learned size', default=64 << 20)
+    outage_wait: float = setting(
+        Number(1.0, 3600.0),
+        "How long a command waits out an unreachable Redis, in seconds, before it raises "
+        "(publishing and storing results too); `sluice compute` exits 75 past it",
+        default=120.0,
+    )
     lost_check_interval: float = setting(
         Number(0.1, 3600.0),
         "How often a batch driver checks for lost chunks, in seconds: a chunk in no queue and "

@@ -256,7 +256,7 @@ def _run(
             code = driver.run(done)
         except (redis.ConnectionError, redis.TimeoutError, PublishError) as exc:
             console.print(
-                f"[red]lost the broker for over {redis_client.OUTAGE_WAIT:.0f} s ({exc}); nothing "
+                f"[red]lost the broker for over {app.settings.outage_wait:.0f} s ({exc}); nothing "
                 "counts as failed: run again with --resume once Redis is back[/red]"
             )
             lost_broker, code = True, EXIT_BROKER_LOST
