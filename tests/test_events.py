@@ -37,12 +37,16 @@ def task_sent_events(app: Any) -> Iterator[list[dict]]:
             receivers.append(receiver)
             receiver.capture(limit=None, timeout=None, wakeup=False)     # until should_stop
 
-    client, patterns = app.redis, app.redis.pubsub_numpat()
+    client = app.redis
+    newest = max(int(c["id"]) for c in client.client_list())   # ids only grow: later clients are ours
     thread = threading.Thread(target=listen, daemon=True)
     thread.start()
     assert ready.wait(10), "the receiver did not start"
-    # kombu subscribes (PSUBSCRIBE) once the receiver polls: publish only after Redis has it
-    wait_for(lambda: client.pubsub_numpat() > patterns, 10, "the receiver's subscription in Redis")
+    # kombu subscribes (PSUBSCRIBE) once the receiver polls: publish only after Redis has it. Its
+    # connection is one made since, with a pattern subscription (counting every client's patterns
+    # would be thrown by an earlier receiver's going away meanwhile)
+    wait_for(lambda: any(int(c["id"]) > newest and int(c.get("psub", 0)) > 0 for c in client.client_list()), 10,
+             "the receiver's subscription in Redis")
     try:
         yield sent
     finally:
