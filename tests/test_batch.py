@@ -10,6 +10,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,10 +225,16 @@ def test_kill_workers_ten_times_every_id_runs_and_only_a_killed_process_causes_a
                                "--marks", str(marks), "--gate", str(gate), "--gate-from", "1500"],
                               cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed: set[int] = set()
+
+    def both_up(kill: int) -> list[Any]:
+        """The two workers, once 100 more results are in; a worker just killed (maybe not yet a
+        zombie) is not one of them."""
+        up = [w for w in driver_workers(driver) if w.pid not in killed]
+        return up if len(up) == 2 and len(lines(sink / "ready.ndjson")) > 100 * (kill + 1) else []
+
     for kill in range(10):
-        wait_for(lambda k=kill: len(lines(sink / "ready.ndjson")) > 100 * (k + 1) and len(driver_workers(driver)) == 2,
-                 60, f"100 more results and both workers up before kill {kill + 1}")
-        victim = driver_workers(driver)[kill % 2]
+        up = wait_for(lambda k=kill: both_up(k), 60, f"100 more results and both workers up before kill {kill + 1}")
+        victim = up[kill % 2]
         killed |= {victim.pid, *(child.pid for child in victim.children(recursive=True))}
         os.killpg(victim.pid, signal.SIGKILL)
     gate.touch()
@@ -446,7 +453,8 @@ def test_a_broker_gone_for_longer_than_outage_wait_ends_the_run_with_75_and_noth
     args = [str(COUNTING), "-w", "1", "--sink", str(sink), "--broker", server.url]
     try:
         driver = subprocess.Popen(
-            [sys.executable, "-m", "sluice", "compute", *args, "--", "--n", "20", "--gate", str(gate), "--gate-from", "1"],
+            [sys.executable, "-m", "sluice", "compute", *args, "--", "--n", "20", "--gate", str(gate),
+             "--gate-from", "1"],
             cwd=ROOT, env=_env(tmp_path) | {"SLUICE_OUTAGE_WAIT": "3"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True)
         wait_for(lambda: lines(sink / "ready.ndjson"), 60, "the first result")
