@@ -328,22 +328,27 @@ def test_add_consumer_of_a_class_bigger_than_the_worker_is_refused(cluster: Clus
 
 def test_delay_many_in_eager_mode_runs_each_call_in_process_and_get_returns_their_values(
         cluster: Cluster, tmp_path: Path) -> None:
-    """With ``task_always_eager`` each call runs here, before ``delay_many`` returns (its file is
-    written, by no worker), nothing is queued, and the BulkResult's ``get()`` and
-    ``as_completed()`` return the calls' values, as ``.delay().get()`` does in eager mode."""
+    """The promise is about Celery's eager mode itself (no worker stands in for anything here):
+    an app configured with ``task_always_eager``, as a user's test settings would, runs each
+    ``delay_many`` call in this process before it returns (its file is written, by no worker),
+    queues nothing, and the BulkResult's ``get()`` and ``as_completed()`` return the calls'
+    values, as ``.delay().get()`` does. Its own App: the module's shared one is left as it is."""
     paths = [str(tmp_path / f"eager-{n}") for n in range(3)]
-    app = cluster.tasks.app
-    app.conf.task_always_eager = True
-    try:
-        bulk = cluster.tasks.touch.delay_many(paths, progress=False)
-        assert [Path(p).exists() for p in paths] == [True] * 3
-        assert LAYOUT.queue_depth(cluster.client, "cpu") == 0
-        alone = cluster.tasks.touch.delay(str(tmp_path / "eager-alone")).get(timeout=10)
-        assert alone["worker"] != "alpha@test" and alone["queue"] is None   # ran here, from no queue
-        assert bulk.get(timeout=10) == [alone] * 3
-        assert sorted(index for index, _ in bulk.as_completed(timeout=10, progress=False)) == [0, 1, 2]
-    finally:
-        app.conf.task_always_eager = False
+    eager = App("tests.promises.eager")
+    eager.conf.task_always_eager = True
+
+    @eager.task(name=TASK + "eager_touch", shared=False)
+    def touch(path: str) -> str:
+        Path(path).write_text("ran")
+        return f"ran in {os.getpid()}"
+
+    bulk = touch.delay_many(paths, progress=False)
+    assert [Path(p).exists() for p in paths] == [True] * 3
+    assert LAYOUT.queue_depth(cluster.client, "cpu") == 0
+    alone = touch.delay(str(tmp_path / "eager-alone")).get(timeout=10)
+    assert alone == f"ran in {os.getpid()}"                                  # ran here, in this process
+    assert bulk.get(timeout=10) == [alone] * 3
+    assert sorted(index for index, _ in bulk.as_completed(timeout=10, progress=False)) == [0, 1, 2]
 
 
 def test_delay_many_with_compression_sends_each_call_compressed_as_apply_async_does(cluster: Cluster,
