@@ -409,7 +409,7 @@ def test_records_naming_no_worker_do_not_count_as_a_healthy_worker_that_lets_the
     def fail_on_w1(attempt: int) -> None:
         record = AttemptRecord(attempt, "cpu", Compute(cpu="1"), Reason.WORKER_LOST, "killed", "w1@test")
         history.append(app.redis, "chunk-1", record)
-        driver.quarantine.observe("chunk-1")
+        driver.quarantine.observe(["chunk-1"])
 
     fail_on_w1(1)
     assert set(driver.progress.per_worker) == {"w1@test"}

@@ -33,6 +33,14 @@ def read(client: redis.Redis, task_id: str) -> list[AttemptRecord]:
     return _records(client.lrange(keys.attempts(task_id), 0, -1))
 
 
+def read_many(client: redis.Redis, task_ids: list[str]) -> dict[str, list[AttemptRecord]]:
+    """The histories of several tasks in one round trip."""
+    pipe = client.pipeline(transaction=False)
+    for task_id in task_ids:
+        pipe.lrange(keys.attempts(task_id), 0, -1)
+    return {task_id: _records(items) for task_id, items in zip(task_ids, pipe.execute())}
+
+
 def _records(items: list[bytes | str]) -> list[AttemptRecord]:
     """The attempt records of a history (one that does not decode is skipped)."""
     return entries.decode_each("attempt record", items, lambda item: AttemptRecord.decode(entries.loads(item)))

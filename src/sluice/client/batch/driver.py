@@ -262,21 +262,24 @@ class Driver:
             return
         self._last_poll = time.monotonic()
         self._resend_lost_inherited()
-        self.quarantine.decide()
         if not self.chunks:
+            self.quarantine.decide()
             return
         ids = list(self.chunks)
         chunk_states = task_states(self.client, self.app, ids)
         ended: list[str] = []
+        # retried or failed chunks, and every chunk that ends (a retry between two polls is seen
+        # only in its history): their histories, in one round trip
+        observed: list[str] = []
         for chunk_id, state in zip(ids, chunk_states):
             if state in (states.RETRY, states.FAILURE):
-                self.quarantine.observe(chunk_id)
-            if not any(i in self.waiting for i in self.chunks[chunk_id]):
-                if state in states.READY_STATES:
-                    if state != states.FAILURE:  # a retry between two polls, seen only in its history
-                        self.quarantine.observe(chunk_id)
-                    ended += self.chunks.pop(chunk_id)
-                    self._items.pop(chunk_id, None)
+                observed.append(chunk_id)
+            if not any(i in self.waiting for i in self.chunks[chunk_id]) and state in states.READY_STATES:
+                if state != states.FAILURE:
+                    observed.append(chunk_id)
+                ended += self.chunks.pop(chunk_id)
+                self._items.pop(chunk_id, None)
+        self.quarantine.observe(observed)
         self._forget_successes(ended)
         self._give_up_on_ended(
             [

@@ -100,7 +100,7 @@ def run_task_file(
     )
     code = EXIT_INTERRUPTED
     try:
-        client = redis_client.connect(url)
+        client = redis_client.connect(url, settings=settings)
         runs.hold(client, run_id)
         if ranks:
             torchrun.reset(client, run_id)
@@ -167,7 +167,7 @@ def _serve_rank(
     """A torchrun rank other than 0: run local workers for rank 0's run until it ends."""
     own = run_secret(settings, local_workers=True, meet_through_redis=broker is not None)
     run = torchrun.share_run(ranks, None, broker)
-    client = redis_client.connect(run["broker"])
+    client = redis_client.connect(run["broker"], settings=settings)
     local = LocalWorkers(
         workers,
         per_worker,

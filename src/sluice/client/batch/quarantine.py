@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any
 
 from sluice.client.batch.progress import Progress
-from sluice.tasks.history import read as read_history
+from sluice.tasks.history import read_many
 
 
 class Quarantine:
@@ -22,13 +22,16 @@ class Quarantine:
         self.failures: Counter[str] = Counter()
         self._seen: set[tuple[str, int]] = set()
 
-    def observe(self, chunk_id: str) -> None:
-        """Count the attempts of ``chunk_id`` not counted yet, then :meth:`decide`."""
-        for attempt in read_history(self.app.redis, chunk_id):
-            marker = (chunk_id, attempt.attempt)
-            if marker not in self._seen:
-                self._seen.add(marker)
-                self.failures[attempt.worker] += 1
+    def observe(self, chunk_ids: list[str]) -> None:
+        """Count the attempts of ``chunk_ids`` not counted yet (their histories read in one round
+        trip), then :meth:`decide`."""
+        if chunk_ids:
+            for chunk_id, history in read_many(self.app.redis, chunk_ids).items():
+                for attempt in history:
+                    marker = (chunk_id, attempt.attempt)
+                    if marker not in self._seen:
+                        self._seen.add(marker)
+                        self.failures[attempt.worker] += 1
         self.decide()
 
     def decide(self) -> None:
