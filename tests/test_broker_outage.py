@@ -4,6 +4,8 @@ reported failed, and every task reaches SUCCESS."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -11,6 +13,8 @@ import pytest
 
 from sluice import App, Compute, ResourceClass
 from sluice.deploy.embedded import EmbeddedRedis
+from sluice.queues.broker import scripts
+from sluice.queues.broker.layout import RedisLayout
 from tests.conftest import Workers, wait_for
 
 pytestmark = pytest.mark.integration
@@ -45,4 +49,50 @@ def test_redis_killed_and_restarted_while_tasks_run_fails_none(redis_server: Emb
         assert all(n >= 1 for n in completed), completed   # a body writes its mark once it ran to the end
     finally:
         pool.stop_all()
+        server.stop()
+
+
+def test_a_channel_holding_messages_closes_without_a_crash_when_redis_dies_mid_fetch(
+        redis_server: EmbeddedRedis, tmp_path: Path) -> None:
+    """What a worker's consumer does when its broker dies (Celery's
+    ``on_connection_error_after_connected``): collect the connection (its channel's close cut
+    short by the dead socket of a fetch in flight, then its transport released), then close it,
+    ignoring connection errors. A sluice channel holding fetched messages and an acknowledgement
+    raises nothing else on the way, so the worker reconnects instead of dying with
+    "Unrecoverable error: AttributeError" (seen when a Sentinel master was killed). The held
+    messages stay in Redis's unacked hash for the reaper."""
+    from kombu import Producer, Queue
+    from kombu.common import ignore_errors
+
+    server = EmbeddedRedis(tmp_path / "redis").start()
+    try:
+        app = App("tests.outage.closing", broker=server.url)
+        queue = "closing-test"
+        connection = app.connection_for_write()
+        channel = connection.default_channel
+        scripts.load(channel.client, "fetch")  # as the channel does on a fresh Redis
+        producer = Producer(channel)
+        for n in range(2):
+            producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")
+        channel.basic_consume(queue, False, lambda *_: None, "closing-test-consumer")
+        tags = []
+        for _ in range(2):
+            _, _, _, tag = channel.client.execute_command(*channel._fetch_command([queue]))
+            channel._acks_in_flight = 0  # read by hand here, not by the channel's own reply handler
+            tags.append(tag.decode())
+            channel.fetched.add(tags[-1])  # as the channel's delivery does: the script recorded it
+            channel.qos.append(None, tags[-1])
+        channel.qos.ack(tags[0])   # pending: the next fetch carries it
+        os.kill(server.process.pid, signal.SIGSTOP)   # the fetch below is never answered
+        connection.transport.cycle._register_BRPOP(channel)   # the fetch, as a worker's poll sends it
+        server.process.kill()
+        server.process.wait(10)
+        connection.maybe_close_channel(channel)   # cut short: the fetch's reply never comes
+        assert not channel.closed
+        connection._do_close_transport()   # as Celery's collect ends, before it closes the connection
+        ignore_errors(connection, connection.close)   # raised AttributeError: the worker died
+        server.start()
+        held = server.client().hkeys(RedisLayout().unacked_key)
+        assert sorted(held) == sorted(tag.encode() for tag in tags), "a held message left the unacked hash"
+    finally:
         server.stop()

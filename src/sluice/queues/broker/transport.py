@@ -19,6 +19,7 @@ from typing import Any
 
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sluice import redis_client
 from sluice.ids import new_id
@@ -48,10 +49,17 @@ class ReliableChannel(Forwarding, Leasing, Fetching, AckCarrying, EventPublishin
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
         """kombu's, but one client per channel (for its current pool) instead of a new
-        ``redis.Redis`` for every publish and ack: building one was a fifth of a publish's time."""
+        ``redis.Redis`` for every publish and ack: building one was a fifth of a publish's time.
+
+        Once the channel's connection has released its transport (Celery's consumer does when
+        the broker is lost, and may close the channel after that) Redis is unreachable from
+        here: a connection error, which closing ignores, not kombu's AttributeError, which
+        killed the worker."""
         if client:
             yield client
             return
+        if self.connection.client is None:
+            raise RedisConnectionError("this channel's broker connection was released")
         pool = self.pool
         if self._shared_client is None or self._shared_client.connection_pool is not pool:
             self._shared_client = self._create_client()
