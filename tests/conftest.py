@@ -32,6 +32,9 @@ hypothesis.settings.load_profile("sluice")
 _REAL_SERVER_FIXTURES = {"redis_server"}
 
 
+#: Set in a pytest-xdist worker process (``-n``): its share of the tests is known only as it runs them.
+_XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+
 #: Scenarios started at collection time, by test node id (see ``starts_early``).
 _EARLY = pytest.StashKey[dict[str, subprocess.Popen[bytes]]]()
 
@@ -43,19 +46,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     A test marked ``starts_early(start)`` checks a scenario too long to wait for in line: once
     the selection is final (``-m``/``-k`` applied), ``start(directory)`` launches it in the
     background, and the test moves to the end of the run, where its ``early`` fixture hands it
-    the scenario's process to wait for."""
+    the scenario's process to wait for. Under pytest-xdist it goes first instead, and waits for
+    its scenario in line while the other workers run the rest."""
     for item in items:
         if _REAL_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
     early = [item for item in items if item.get_closest_marker("starts_early")]
-    items[:] = [item for item in items if item not in early] + early
+    if _XDIST_WORKER:
+        # pytest-xdist hands each worker a whole file at a time, in this order: the long waits
+        # first (the early scenarios, then the files that start Redis and workers), so the last
+        # files handed out are the quick ones and the workers end together.
+        items.sort(key=lambda item: (item not in early, not item.get_closest_marker("integration")))
+    else:
+        items[:] = [item for item in items if item not in early] + early
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     started = session.config.stash.setdefault(_EARLY, {})
     for item in session.items:
         marker = item.get_closest_marker("starts_early")
-        if marker is not None and not session.config.option.collectonly:
+        if marker is not None and not session.config.option.collectonly and not _XDIST_WORKER:
             started[item.nodeid] = marker.args[0](Path(tempfile.mkdtemp(prefix="sluice-early-")))
 
 
@@ -67,8 +77,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def early(request: pytest.FixtureRequest) -> subprocess.Popen[bytes]:
-    """The background scenario of a ``starts_early`` test, started when the suite was collected."""
-    return request.config.stash[_EARLY][request.node.nodeid]
+    """The background scenario of a ``starts_early`` test, started when the suite was collected
+    (or now, in a pytest-xdist worker, which cannot know at collection which tests it will run)."""
+    started = request.config.stash.setdefault(_EARLY, {})
+    if request.node.nodeid not in started:
+        start = request.node.get_closest_marker("starts_early").args[0]
+        started[request.node.nodeid] = start(Path(tempfile.mkdtemp(prefix="sluice-early-")))
+    return started[request.node.nodeid]
 
 
 #: The variables the session's Redis sets for the tests that use it (and their workers), and only
