@@ -111,7 +111,11 @@ def _server_env_only_where_used(request: pytest.FixtureRequest, monkeypatch: pyt
     """A test that does not use the session's Redis runs without its variables (and with a
     SLUICE_HOME of its own, never the user's), so its outcome does not depend on whether an
     integration test ran before it; the process's default App (made once, from the environment
-    of its first use) is made again on each side of it, so none leaks across."""
+    of its first use) is made again on each side of it, so none leaks across. A test app module
+    (``tests.apps.*``, whose App reads the environment once, at import) that it imported first is
+    forgotten after it: a later test that imports it gets one on its own environment (Celery
+    then warns that the module's task names were registered before, by the first import; this
+    process only sends those tasks, workers run them)."""
     if "redis_server" in request.fixturenames:
         yield
         return
@@ -119,8 +123,12 @@ def _server_env_only_where_used(request: pytest.FixtureRequest, monkeypatch: pyt
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLUICE_HOME", str(tmp_path_factory.mktemp("home")))
     App.default.cache_clear()
+    imported = set(sys.modules)
     yield
     App.default.cache_clear()
+    for name in set(sys.modules) - imported:
+        if name.startswith("tests.apps."):
+            del sys.modules[name]
 
 
 @pytest.fixture
