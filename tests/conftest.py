@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import hypothesis
 import pytest
@@ -230,3 +231,33 @@ def basic_app(redis_server: EmbeddedRedis):  # noqa: ANN201 - a module
     import importlib
 
     return importlib.import_module("tests.apps.basic")
+
+
+def consuming_channel(connection: Any, queue: str, messages: int) -> Any:
+    """``connection``'s channel consuming ``queue`` (as a worker's does), with ``messages`` JSON
+    messages published to it; fetch them with :func:`fetch_by_hand`."""
+    from kombu import Producer, Queue
+
+    from sluice.queues.broker import scripts
+
+    channel = connection.default_channel
+    scripts.load(channel.client, "fetch")  # as the channel does on a fresh Redis
+    producer = Producer(channel)
+    for n in range(messages):
+        producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")
+    channel.basic_consume(queue, False, lambda *_: None, f"{queue}-consumer")
+    return channel
+
+
+def fetch_by_hand(channel: Any, queue: str) -> str:
+    """Take the next message of ``queue`` with the channel's fetch script, recorded as held on
+    the channel as its delivery records it, read here instead of by the channel's reply
+    handler (which would hand it to a consumer); its delivery tag."""
+    _, _, _, raw = channel.client.execute_command(*channel._fetch_command([queue]))
+    del channel.pending_acks[: channel._acks_in_flight]  # that fetch carried them into Redis
+    channel._acks_in_flight = 0
+    tag = raw.decode()
+    channel.fetched.add(tag)
+    channel.qos.append(None, tag)
+    return tag
+

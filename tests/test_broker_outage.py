@@ -13,9 +13,8 @@ import pytest
 
 from sluice import App, Compute, ResourceClass
 from sluice.deploy.embedded import EmbeddedRedis
-from sluice.queues.broker import scripts
 from sluice.queues.broker.layout import RedisLayout
-from tests.conftest import Workers, wait_for
+from tests.conftest import Workers, consuming_channel, fetch_by_hand, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +60,6 @@ def test_a_channel_holding_messages_closes_without_a_crash_when_redis_dies_mid_f
     raises nothing else on the way, so the worker reconnects instead of dying with
     "Unrecoverable error: AttributeError" (seen when a Sentinel master was killed). The held
     messages stay in Redis's unacked hash for the reaper."""
-    from kombu import Producer, Queue
     from kombu.common import ignore_errors
 
     server = EmbeddedRedis(tmp_path / "redis").start()
@@ -69,19 +67,8 @@ def test_a_channel_holding_messages_closes_without_a_crash_when_redis_dies_mid_f
         app = App("tests.outage.closing", broker=server.url)
         queue = "closing-test"
         connection = app.connection_for_write()
-        channel = connection.default_channel
-        scripts.load(channel.client, "fetch")  # as the channel does on a fresh Redis
-        producer = Producer(channel)
-        for n in range(2):
-            producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")
-        channel.basic_consume(queue, False, lambda *_: None, "closing-test-consumer")
-        tags = []
-        for _ in range(2):
-            _, _, _, tag = channel.client.execute_command(*channel._fetch_command([queue]))
-            channel._acks_in_flight = 0  # read by hand here, not by the channel's own reply handler
-            tags.append(tag.decode())
-            channel.fetched.add(tags[-1])  # as the channel's delivery does: the script recorded it
-            channel.qos.append(None, tags[-1])
+        channel = consuming_channel(connection, queue, 2)
+        tags = [fetch_by_hand(channel, queue) for _ in range(2)]
         channel.qos.ack(tags[0])   # pending: the next fetch carries it
         os.kill(server.process.pid, signal.SIGSTOP)   # the fetch below is never answered
         connection.transport.cycle._register_BRPOP(channel)   # the fetch, as a worker's poll sends it

@@ -21,7 +21,7 @@ from sluice.deploy.embedded import EmbeddedRedis
 from sluice.queues import dead_letters
 from sluice.queues.broker import letters, scripts
 from sluice.queues.broker.layout import RedisLayout
-from tests.conftest import Workers, wait_for
+from tests.conftest import Workers, consuming_channel, fetch_by_hand, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -85,23 +85,12 @@ def test_an_ack_is_carried_by_the_next_fetch_or_flushed_when_none_comes(
     next message); an ack while the channel waits on its bells (no fetch for up to a second)
     goes out at once; an ack with no fetch after it is sent before the channel puts back what it
     holds (as it does when closing), so an acknowledged message is not put back."""
-    from kombu import Producer, Queue
-
     queue = "ack-test"
     with basic_app.app.connection_for_write() as connection:
-        channel = connection.default_channel
-        scripts.load(channel.client, "fetch")  # as the channel does on a fresh Redis
-        producer = Producer(channel)
-        for n in range(2):
-            producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")
-        channel.basic_consume(queue, False, lambda *_: None, "ack-test-consumer")  # a consuming channel, as a worker's
+        channel = consuming_channel(connection, queue, 2)
         tags = []
         for _ in range(2):
-            _, _, _, tag = channel.client.execute_command(*channel._fetch_command([queue]))
-            channel._acks_in_flight = 0  # read by hand here, not by the channel's own reply handler
-            tags.append(tag.decode())
-            channel.fetched.add(tags[-1])  # as the channel's delivery does: the script recorded it
-            channel.qos.append(None, tags[-1])
+            tags.append(fetch_by_hand(channel, queue))
             channel.qos.ack(tags[-1])
             assert redis_client.hexists(LAYOUT.unacked_key, tags[-1]), "acknowledged here, not yet in Redis"
             if len(tags) == 2:
