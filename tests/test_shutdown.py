@@ -54,14 +54,14 @@ def test_idle_worker_sent_sigterm_while_redis_is_down_exits_within_seconds(tmp_p
         server.stop()
 
 
-def test_worker_sent_sigterm_mid_task_finishes_it_once_then_exits(redis_server: EmbeddedRedis,
+def test_worker_sent_sigterm_mid_task_finishes_it_once_then_exits(redis_client: redis.Redis,
                                                                   tmp_path: Path) -> None:
     """Warm shutdown kept: a worker sent SIGTERM while an 8 s task runs finishes that task, and
     only it does, though a second worker sweeps for orphans every 0.5 s (the stopping worker
     keeps beating, naming the task, until the task ends); then it exits 0 and its heartbeat
     key is removed."""
     ladder = importlib.import_module("tests.apps.ladder")
-    client: redis.Redis = redis_server.client()
+    client = redis_client  # flushed: nothing another test left in the session's Redis is swept here
     pool = Workers(client, tmp_path)
     try:
         runner = pool.start("tests.apps.ladder", "small", "runner", *ARGS, env=FAST_RECOVERY)

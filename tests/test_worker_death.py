@@ -16,7 +16,6 @@ import pytest
 import redis
 
 import sluice
-from sluice.deploy.embedded import EmbeddedRedis
 from tests.conftest import Workers, seeded_random, wait_for
 
 pytestmark = pytest.mark.integration
@@ -28,11 +27,11 @@ FAST_RECOVERY = {"SLUICE_HEARTBEAT_INTERVAL": "0.2", "SLUICE_REAPER_INTERVAL": "
 ARGS = ("--queue", "medium", "--queue", "large", "-c", "2", "--without-mingle", "--without-gossip")
 
 
-def test_kill_the_worker_mid_task_again_and_again(redis_server: EmbeddedRedis, tmp_path: Path) -> None:
+def test_kill_the_worker_mid_task_again_and_again(redis_client: redis.Redis, tmp_path: Path) -> None:
     import importlib
 
     ladder = importlib.import_module("tests.apps.ladder")
-    client: redis.Redis = redis_server.client()
+    client = redis_client  # flushed: nothing another test left in the session's Redis is counted here
     pool = Workers(client, tmp_path)
     try:
         worker = pool.start("tests.apps.ladder", "small", "victim", *ARGS, env=FAST_RECOVERY)
@@ -56,12 +55,12 @@ def test_kill_the_worker_mid_task_again_and_again(redis_server: EmbeddedRedis, t
         pool.stop_all()
 
 
-def test_a_live_workers_long_task_is_left_alone(redis_server: EmbeddedRedis, tmp_path: Path) -> None:
+def test_a_live_workers_long_task_is_left_alone(redis_client: redis.Redis, tmp_path: Path) -> None:
     """A second worker sweeping for orphans must not take a task that a live worker is running."""
     import importlib
 
     ladder = importlib.import_module("tests.apps.ladder")
-    client: redis.Redis = redis_server.client()
+    client = redis_client  # flushed: nothing another test left in the session's Redis is counted here
     pool = Workers(client, tmp_path)
     try:
         pool.start("tests.apps.ladder", "small", "runner", *ARGS, env=FAST_RECOVERY)
@@ -74,12 +73,12 @@ def test_a_live_workers_long_task_is_left_alone(redis_server: EmbeddedRedis, tmp
         pool.stop_all()
 
 
-def test_without_a_policy_a_dead_workers_task_fails_once_instead_of_looping(redis_server: EmbeddedRedis,
+def test_without_a_policy_a_dead_workers_task_fails_once_instead_of_looping(redis_client: redis.Redis,
                                                                             tmp_path: Path) -> None:
     import importlib
 
     ladder = importlib.import_module("tests.apps.ladder")
-    client: redis.Redis = redis_server.client()
+    client = redis_client  # flushed: nothing another test left in the session's Redis is counted here
     pool = Workers(client, tmp_path)
     try:
         worker = pool.start("tests.apps.ladder", "small", "victim2", *ARGS, env=FAST_RECOVERY)
@@ -95,7 +94,7 @@ def test_without_a_policy_a_dead_workers_task_fails_once_instead_of_looping(redi
         pool.stop_all()
 
 
-def test_twenty_worker_kills_under_delay_load_lose_no_task(redis_server: EmbeddedRedis, tmp_path: Path) -> None:
+def test_twenty_worker_kills_under_delay_load_lose_no_task(redis_client: redis.Redis, tmp_path: Path) -> None:
     """150 `.delay()` tasks queued, the whole worker SIGKILLed 20 times at seeded random moments
     (mid-fetch, mid-task, mid-ack; TEST_SEED replays a run) and started again: every task reaches a
     final state and nothing is left held; a task fails only as the scenario allows, with
@@ -108,7 +107,7 @@ def test_twenty_worker_kills_under_delay_load_lose_no_task(redis_server: Embedde
 
     instants, seed = seeded_random("kill instants")
     ladder = importlib.import_module("tests.apps.ladder")
-    client: redis.Redis = redis_server.client()
+    client = redis_client  # flushed: nothing another test left in the session's Redis is counted here
     pool = Workers(client, tmp_path)
     try:
         results = [ladder.long_step.delay(0.2) for _ in range(150)]
