@@ -127,3 +127,28 @@ def test_a_class_queue_publish_lands_without_a_declare_and_another_queue_is_decl
     basic_app.big_task.apply_async(queue="custom")
     assert LAYOUT.queue_depth(redis_client, "custom") == 1
     assert redis_client.keys("_kombu.binding.*") == [b"_kombu.binding.custom"]
+
+
+@pytest.mark.parametrize(("url", "env", "scheme", "broker_kind"), [
+    ("redis://:secret@127.0.0.1:6390/2", {}, "redis", "Redis"),
+    ("sentinel://127.0.0.1:26390", {"SLUICE_SENTINEL_MASTER": "mymaster"}, "sentinel", "RedisSentinel"),
+])
+def test_flower_picks_its_redis_broker_from_a_sluice_apps_connection_which_still_uses_sluices_transport(
+        url: str, env: dict[str, str], scheme: str, broker_kind: str) -> None:
+    """Flower chooses how to read queue lengths from the scheme of ``app.connection().as_uri()``
+    (its Broker page and /api/queues/length): a sluice App's connection names the Redis scheme
+    (redis, sentinel), not the transport alias (which Flower answered with "broker is not
+    supported"), with the password, and the connection itself still uses sluice's transport."""
+    from flower.utils import broker as flower_broker
+
+    from sluice.config import Settings
+    from sluice.queues.broker import transport
+
+    app = App("tests.flower", broker=url, settings=Settings.load(env=env))
+    with app.connection() as connection:
+        uri = connection.as_uri(include_password=True)
+        assert connection.transport_cls == transport.alias_for(url)
+        assert isinstance(connection.transport, transport.Transport)
+    assert uri.startswith(f"{scheme}://") and ("secret" in uri) == ("secret" in url)
+    chosen = flower_broker.Broker(uri, broker_options=app.conf.broker_transport_options)
+    assert type(chosen).__name__ == broker_kind

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -65,6 +66,27 @@ def test_up_status_and_ctrl_c(tmp_path: Path) -> None:
         assert rows["cpu"] == ["0", "1", "0", "4"]       # queued, workers, running, slots
         assert rows["highmem"] == ["0", "1", "0", "1"]
         assert rows["gpu"] == ["1", "0", "0", "0"]
+
+        # Flower's Broker view: the queues the workers serve (their class, the intake, each its own)
+        # with their waiting messages; with the cpu worker stopped, three wait on cpu. gpu has no
+        # worker, and Flower takes queue names from workers: it lists no gpu (sluice status does).
+        auth = (user, password)
+        wait_for(lambda: {"cpu", "highmem"} <= set(_flower_queue_lengths(flower, auth)), 60,
+                 "flower to learn the queues the workers serve")
+        cpu_worker = next(p for p in psutil.Process(up.pid).children() if "cpu@%h" in p.cmdline())
+        cpu_worker.suspend()
+        try:
+            for _ in range(3):
+                Celery(broker=url).send_task("anything", queue="cpu")
+            lengths = wait_for(lambda: (found := _flower_queue_lengths(flower, auth))["cpu"] == 3 and found, 30,
+                               "flower to count the three messages waiting on cpu")
+            assert lengths["highmem"] == 0 and "gpu" not in lengths, lengths
+            status, page = _get(f"{flower}/broker", auth)
+            assert status == 200, page
+            shown = dict(re.findall(rb'<tr id="([^"]+)">\s*<td>[^<]+</td>\s*<td[^>]*>(\d+)</td>', page))
+            assert shown[b"cpu"] == b"3" and shown[b"highmem"] == b"0" and b"gpu" not in shown, page
+        finally:
+            cpu_worker.resume()
 
         # The compose `app` service's command: with no gpu worker (compose without --profile gpu) the
         # demo runs what has a worker, says what it skipped, and succeeds instead of waiting on it.
@@ -141,13 +163,27 @@ def _host() -> str:
 
 
 def _status_code(url: str, auth: tuple[str, str] | None) -> int | None:
+    return _get(url, auth)[0]
+
+
+def _get(url: str, auth: tuple[str, str] | None) -> tuple[int | None, bytes]:
+    """The status and body of a GET (None and no body when nothing answers)."""
     request = urllib.request.Request(url)
     if auth:
         request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
-            return int(response.status)
+            return int(response.status), response.read()
     except urllib.error.HTTPError as err:
-        return err.code
+        return err.code, err.read()
     except OSError:
-        return None
+        return None, b""
+
+
+def _flower_queue_lengths(flower: str, auth: tuple[str, str]) -> dict[str, int]:
+    """Flower's ``/api/queues/length`` after ``/api/workers?refresh=1`` (Flower learns the queues
+    workers serve by inspecting them; it did once at its start, maybe before they were up)."""
+    _get(f"{flower}/api/workers?refresh=1", auth)
+    status, body = _get(f"{flower}/api/queues/length", auth)
+    assert status == 200, body
+    return {queue["name"]: queue["messages"] for queue in json.loads(body)["active_queues"]}
