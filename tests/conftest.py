@@ -233,9 +233,10 @@ def basic_app(redis_server: EmbeddedRedis):  # noqa: ANN201 - a module
     return importlib.import_module("tests.apps.basic")
 
 
-def consuming_channel(connection: Any, queue: str, messages: int) -> Any:
-    """``connection``'s channel consuming ``queue`` (as a worker's does), with ``messages`` JSON
-    messages published to it; fetch them with :func:`fetch_by_hand`."""
+def consuming_channel(connection: Any, queue: str, messages: int, no_ack: bool = False) -> Any:
+    """``connection``'s channel consuming ``queue`` (as a worker's does; with ``no_ack`` as a
+    control client reads its replies), with ``messages`` JSON messages published to it; fetch
+    them with :func:`fetch_by_hand`."""
     from kombu import Producer, Queue
 
     from sluice.queues.broker import scripts
@@ -245,7 +246,7 @@ def consuming_channel(connection: Any, queue: str, messages: int) -> Any:
     producer = Producer(channel)
     for n in range(messages):
         producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")
-    channel.basic_consume(queue, False, lambda *_: None, f"{queue}-consumer")
+    channel.basic_consume(queue, no_ack, lambda *_: None, f"{queue}-consumer")
     return channel
 
 

@@ -185,6 +185,46 @@ def test_malformed_messages_become_dead_letters_and_the_worker_keeps_serving(
     assert worker.poll() is None
 
 
+def test_a_control_reply_the_client_cannot_read_raises_for_it_and_leaves_no_dead_letter(
+        redis_client: redis.Redis, workers: Workers, basic_app) -> None:  # noqa: ANN001
+    """A control client whose accept_content leaves out JSON (the worker replies in JSON) gets
+    Celery's ContentDisallowed from ``inspect().ping()``, as on kombu's own Redis transport, and
+    its reply queue leaves no dead-letter list or counter behind (replies are at-most-once: a
+    no-ack consumer's). The same ping from a client that accepts JSON is answered."""
+    from kombu.exceptions import ContentDisallowed
+
+    from sluice import App
+
+    workers.start("tests.apps.basic", "cpu", "replier", *ARGS)
+    answered = wait_for(lambda: basic_app.app.control.inspect(destination=["replier@test"], timeout=2).ping(), 30,
+                        "the worker to answer a ping")
+    assert answered == {"replier@test": {"ok": "pong"}}
+    refusing = App("tests.replies.client", broker=os.environ["SLUICE_BROKER_URL"])
+    refusing.conf.accept_content = ["application/x-not-json"]
+    with pytest.raises(ContentDisallowed):
+        refusing.control.inspect(destination=["replier@test"], timeout=5).ping()
+    assert dead_letters.summary(redis_client, LAYOUT) == []
+    assert [key for key in redis_client.keys("*") if b"reply" in key] == []   # nothing of the reply queue is left
+
+
+def test_a_malformed_message_on_a_no_ack_consumers_list_is_dropped_not_kept(
+        redis_client: redis.Redis, basic_app) -> None:  # noqa: ANN001
+    """The fetch script moves a message whose envelope is not kombu's to its queue's dead letters,
+    except on a list a no-ack consumer reads (a reply queue): there it is dropped, as kombu would
+    have popped it, and no dead-letter list or counter is made; the good reply behind it is
+    fetched by the same call."""
+    queue = "c0ffee.reply.celery.pidbox"
+    with basic_app.app.connection_for_write() as connection:
+        channel = consuming_channel(connection, queue, 1, no_ack=True)
+        redis_client.rpush(queue, b"not json")  # at the tail: the next fetch meets it first
+        dead, _, raw, _ = channel.client.execute_command(*channel._fetch_command([queue]))
+        assert dead == 0 and json.loads(raw)["body"]
+        assert redis_client.llen(queue) == 0
+        assert not redis_client.exists(LAYOUT.dead_letters(queue), LAYOUT.dead_letter_count(queue))
+        assert LAYOUT.held(redis_client) == []   # no-ack: popped, never held
+        channel.close()
+
+
 def test_dead_letter_requeue_puts_a_fixed_message_back_to_run(redis_client: redis.Redis, workers: Workers,
                                                               basic_app) -> None:  # noqa: ANN001
     """A real task message kept as a dead letter (here: planted) goes back on its queue with

@@ -181,10 +181,14 @@ class Fetching(kombu_redis.Channel):
         return True
 
     def _deliver_fetched(self, name: str, raw: bytes, tag: str) -> None:
-        """Hand a fetched message to its consumer; one that cannot be goes to the dead letters."""
+        """Hand a fetched message to its consumer; one that cannot be goes to the dead letters.
+        Not on a no-ack queue (a control command's replies, an rpc:// result): its consumer
+        took at-most-once, and the error reaches it as on kombu's transport (``inspect()``
+        with JSON not accepted raises ContentDisallowed); nothing is left in Redis."""
         queue = name.rsplit(self.sep, 1)[0]
         self._queue_cycle.rotate(queue)
-        if queue not in self._no_ack:
+        no_ack = queue in self._no_ack
+        if not no_ack:
             self.fetched.add(tag)
         try:
             message = loads(bytes_to_str(raw))
@@ -195,4 +199,6 @@ class Fetching(kombu_redis.Channel):
         except self.connection_errors:
             raise
         except Exception as exc:
+            if no_ack:
+                raise
             self.dead_letter_fetched(tag, queue, raw, exc)

@@ -21,7 +21,9 @@
 --
 -- A message whose envelope is not kombu's (not JSON, not valid UTF-8, not an object, no delivery
 -- tag) is moved to its queue's dead-letter list as "<json header>\n<raw message>" (the format of
--- sluice.queues.broker.letters.DeadLetter; a test holds the two equal) and the search goes on.
+-- sluice.queues.broker.letters.DeadLetter; a test holds the two equal) and the search goes on;
+-- on a no-ack consumer's list (a control command's replies) it is dropped instead, as kombu would
+-- have popped it and failed to read it, and nothing is left behind.
 -- Returns {dead} when nothing could be taken, else {dead, list number (1-based), raw, tag}.
 
 -- The position of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong
@@ -80,7 +82,7 @@ for j = 7 + 2 * lists, #ARGV do
   redis.call('ZREM', KEYS[2], ARGV[j])
   redis.call('HDEL', KEYS[1], ARGV[j])
 end
-local dead = 0
+local dead, malformed = 0, 0  -- dead-lettered; and dropped too (one fetch reads at most 100 such)
 for i = 1, lists do
   local list, bell, dead_list, dead_count = KEYS[4 * i - 1], KEYS[4 * i], KEYS[4 * i + 1], KEYS[4 * i + 2]
   local deep = depth > 0 and ARGV[6 + 2 * i] == deep_queue
@@ -104,13 +106,16 @@ for i = 1, lists do
       end
       return {dead, i, raw, tag}
     end
-    local reason = exchange
-    local header = cjson.encode({reason = reason, queue = ARGV[6 + 2 * i], at = tonumber(now)})
-    redis.call('LPUSH', dead_list, header .. '\n' .. raw)
-    redis.call('LTRIM', dead_list, 0, cap - 1)
-    redis.call('INCR', dead_count)
-    dead = dead + 1
-    if dead >= 100 then return {dead} end
+    if ARGV[5 + 2 * i] ~= '1' then  -- a no-ack consumer's (replies) is dropped, as kombu's would be
+      local reason = exchange
+      local header = cjson.encode({reason = reason, queue = ARGV[6 + 2 * i], at = tonumber(now)})
+      redis.call('LPUSH', dead_list, header .. '\n' .. raw)
+      redis.call('LTRIM', dead_list, 0, cap - 1)
+      redis.call('INCR', dead_count)
+      dead = dead + 1
+    end
+    malformed = malformed + 1
+    if malformed >= 100 then return {dead} end
   end
 end
 return {dead}
