@@ -53,10 +53,14 @@ def test_scales_up_to_the_bound_then_drains_idle_workers_and_reaches_zero_after_
             for result in quick:
                 result.get(timeout=60)
             # nothing queued or held but the long task (a quick task's delivery can outlive its result
-            # by a beat), one worker running it and one online with nothing
+            # by a beat), the worker running it busy and the other idle, by their heartbeats: waited
+            # for by name, as a heartbeat lags by a beat (the last quick task's worker may still say
+            # busy while the long task's says idle, the picture the wrong worker would be drained by)
+            wait_for(lambda: long.state == "STARTED", 30, "the long task to start")
+            busy_host = long.info["hostname"]
             status = wait_for(lambda: (s := _status(scaling.app, client)).queued == 0 and s.reserved <= 1
-                              and len(s.busy) == 1 and len(s.idle) == 1 and s, 30, "only the long task to be running")
-            busy_host = status.busy[0]
+                              and list(s.busy) == [busy_host] and len(s.idle) == 1 and s, 30,
+                              "only the long task to be running, on the worker that took it")
             busy_pod, idle_pod = busy_host.split("@")[1], status.idle[0].split("@")[1]
 
             assert scaler.tick() == {"batch": 1}                  # never below the busy worker
