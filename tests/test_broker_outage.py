@@ -64,6 +64,9 @@ def test_a_channel_holding_messages_closes_without_a_crash_when_redis_dies_mid_f
 
     server = EmbeddedRedis(tmp_path / "redis").start()
     try:
+        # every write on disk before its reply: what this test reads after the restart is what the
+        # channel left, not what Redis's default once-a-second fsync had time to keep
+        server.client().config_set("appendfsync", "always")
         app = App("tests.outage.closing", broker=server.url)
         queue = "closing-test"
         connection = app.connection_for_write()
