@@ -4,7 +4,7 @@ kombu writes a connection's URI with its transport's alias as the scheme (``slui
 ``sluice-sentinel://``). Tools that read that URI to choose how to talk to the broker themselves
 know only the real ones: Flower's Broker page and ``/api/queues/length`` answered "'redis' broker
 is not supported". This connection reports ``redis://`` or ``sentinel://`` (the scheme of the
-Redis the transport reaches, as a user wrote it) and still uses sluice's transport.
+Redis the transport reaches) and still uses sluice's transport.
 """
 
 from __future__ import annotations
