@@ -283,7 +283,7 @@ def test_every_reader_of_sluices_redis_structures_reads_the_rest_past_one_bad_en
     assert samples[("sluice_forwarded_total", ("small", "big"))] == 2
     assert samples[("sluice_reserved", ("cpu",))] >= 1
     assert samples[("sluice_task_runs_observed_total", ("good.task",))] >= 3
-    assert task_states(client, app, ["good-result", "bad-result"])[0] == "SUCCESS"
+    assert task_states(app, ["good-result", "bad-result"])[0] == "SUCCESS"
     assert "goodrun" in runs_commands._on_broker(client)
     lost = recovery.LostChunks(client, LAYOUT, "cpu", every=0)
     assert [lost.lost({orphan.id, waiting.id, "gone"}) for _ in range(2)] == [set(), {"gone"}]

@@ -106,7 +106,8 @@ class ComputeTask(Task):
             return
         # A message for a task that already ended (a redelivery, or a copy published twice under
         # one id) is not run again: its stored outcome stands, and the caller's .get() returns it.
-        # One GET, only when the task was claimed before (retries and redeliveries).
+        # One GET, only when the task was claimed before (retries and redeliveries). With rpc://
+        # results nothing is stored for a worker to find, and the copy runs (as on Celery).
         if self.backend.get_state(request.id) in states.READY_STATES:
             log.warning(
                 "task %s[%s] was delivered again after it finished; not running it again", self.name, request.id

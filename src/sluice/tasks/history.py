@@ -52,7 +52,9 @@ def attempts(result: AsyncResult) -> list[dict[str, Any]]:
     from the result's extended meta)."""
     history = [record.encode() for record in read(result.app.redis, result.id)]
     if result.state == "SUCCESS":
-        meta = result.backend.get_task_meta(result.id)
+        # the meta the result holds once ready (as its ``.queue`` and ``.worker`` read it): an
+        # rpc:// result is a message, consumed by ``.get()``, not a record the backend reads again
+        meta = result._get_task_meta()
         history.append(
             {
                 "attempt": len(history) + 1,

@@ -266,7 +266,7 @@ class Driver:
             self.quarantine.decide()
             return
         ids = list(self.chunks)
-        chunk_states = task_states(self.client, self.app, ids)
+        chunk_states = task_states(self.app, ids)
         ended: list[str] = []
         # retried or failed chunks, and every chunk that ends (a retry between two polls is seen
         # only in its history): their histories, in one round trip

@@ -14,13 +14,15 @@ to it: a bell per queue (``bells``) and a dead-letter list per queue (``letters`
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
+from celery.backends.base import BaseKeyValueStoreBackend
 from celery.utils.nodenames import worker_direct
 from kombu import Queue
 from kombu.exceptions import DecodeError
@@ -203,12 +205,22 @@ def task_meta_key(app: Any, task_id: str) -> bytes:
     return bytes(app.backend.get_key_for_task(task_id))
 
 
-def task_states(client: redis.Redis, app: Any, task_ids: list[str]) -> list[str | None]:
-    """Each task's stored state (None: nothing stored yet, or nothing readable), in one round trip."""
-    metas = client.mget([task_meta_key(app, task_id) for task_id in task_ids])
+def task_states(app: Any, task_ids: list[str]) -> list[str | None]:
+    """Each task's stored state (None: nothing stored yet, or nothing readable), read from the
+    app's result backend: in one round trip where results are a key-value store (Redis, in the
+    broker's database or another), else one read each (a database, ``rpc://``)."""
+    backend = app.backend
+    if not isinstance(backend, BaseKeyValueStoreBackend):
+
+        def state(task_id: str) -> str:
+            with _decode_errors_as_value_errors():
+                return str(backend.get_state(task_id))
+
+        return [entries.decode_one("task result", task_id, state, None) for task_id in task_ids]
+    metas = backend.mget([task_meta_key(app, task_id) for task_id in task_ids])
 
     def status(raw: bytes | str) -> str:
-        return str(result_meta(app.backend.decode, raw)["status"])
+        return str(result_meta(backend.decode, raw)["status"])
 
     return [None if raw is None else entries.decode_one("task result", raw, status, None) for raw in metas]
 
@@ -216,10 +228,17 @@ def task_states(client: redis.Redis, app: Any, task_ids: list[str]) -> list[str 
 def result_meta(decode: Callable[[bytes | str], Any], raw: bytes | str) -> dict[str, Any]:
     """A stored result's meta, as ``decode`` (one of the result backend's) reads it; ValueError
     when it does not decode (kombu raises its own DecodeError), so readers of many skip it."""
-    try:
+    with _decode_errors_as_value_errors():
         meta = decode(raw)
-    except DecodeError as exc:
-        raise ValueError(exc) from exc
     if not isinstance(meta, dict):
         raise TypeError(f"a stored result is a JSON object, not {type(meta).__name__}")
     return meta
+
+
+@contextlib.contextmanager
+def _decode_errors_as_value_errors() -> Iterator[None]:
+    """kombu's DecodeError as the ValueError that readers of many entries skip an entry for."""
+    try:
+        yield
+    except DecodeError as exc:
+        raise ValueError(exc) from exc

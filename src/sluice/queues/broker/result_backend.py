@@ -11,7 +11,7 @@ return value) is stored and announced by a small notice, which the caller's cons
 A sender subscribes to a task's result channel when it waits for the result, not when it
 sends the task. And a state is stored in one round trip (``lua/store_result.lua``), not two.
 Installed by the App as the backend for ``redis://``, ``rediss://`` and ``sentinel://`` URLs
-(the loader's ``override_backends``)."""
+(the loader's ``override_backends``), and the compute field alone for ``rpc://``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Any
 
 from celery import states
 from celery.backends.redis import RedisBackend, SentinelBackend
+from celery.backends.rpc import RPCBackend
 from celery.exceptions import BackendStoreError
 from celery.utils.saferepr import saferepr
 from kombu.utils.encoding import bytes_to_str
@@ -32,7 +33,8 @@ from sluice.tasks.escalation import Attempt
 
 #: What the App maps result backend URLs to, by scheme.
 PATHS = {scheme: f"{__name__}:ComputeResultBackend" for scheme in ("redis", "rediss")} | {
-    "sentinel": f"{__name__}:ComputeSentinelBackend"
+    "sentinel": f"{__name__}:ComputeSentinelBackend",
+    "rpc": f"{__name__}:ComputeRPCBackend",
 }
 
 
@@ -173,3 +175,8 @@ class ComputeSentinelBackend(WithCompute, SubscribeOnWait, StoreInOneStep, Senti
     """Celery's Redis Sentinel result backend, with the compute of the attempt that succeeded."""
 
     ResultConsumer = ComputeResultConsumer
+
+
+class ComputeRPCBackend(WithCompute, RPCBackend):
+    """Celery's ``rpc://`` backend (results sent back to the caller as messages), with the
+    compute of the attempt that succeeded in the final state's message."""
