@@ -168,13 +168,13 @@ class Workers:
         self.log_dir = log_dir
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, app: str, queue: str, name: str, *extra: str, plain_celery: bool = False,
+    def start(self, app: str, queue: str | None, name: str, *extra: str, plain_celery: bool = False,
               env: dict[str, str] | None = None, wait: bool = True, hostname: str | None = None
               ) -> subprocess.Popen[bytes]:
-        if plain_celery:
-            args = ["-m", "celery", "-A", app, "worker", "-Q", queue]
+        if plain_celery:  # no queue: as Celery's worker starts without -Q
+            args = ["-m", "celery", "-A", app, "worker", *(["-Q", queue] if queue else [])]
         else:
-            args = ["-m", "sluice", "worker", "-A", app, "--queue", queue]
+            args = ["-m", "sluice", "worker", "-A", app, *(["--queue", queue] if queue else [])]
         hostname = hostname or f"{name}@test"
         log = open(self.log_dir / f"{name}.log", "ab")
         process = subprocess.Popen(

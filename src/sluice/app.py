@@ -137,7 +137,7 @@ class App(Celery):
     #: Celery's events with sluice's dispatcher (``sluice.events``: the task-sent event costs less).
     events_cls = "sluice.events:Events"
     #: Celery's messaging with a connection whose URI names its Redis scheme (Flower reads it).
-    amqp_cls = "sluice.queues.broker.connection:SluiceAMQP"
+    amqp_cls = "sluice.queues.broker.amqp:SluiceAMQP"
 
     def __init__(
         self,
