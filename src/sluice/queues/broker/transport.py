@@ -32,7 +32,7 @@ from sluice.queues.broker.qos import AckCarrying
 
 #: The alias every sluice App names in ``broker_transport`` (``SENTINEL_ALIAS`` for ``sentinel://``).
 ALIAS, SENTINEL_ALIAS = "sluice", "sluice-sentinel"
-#: The URL scheme of the Redis each alias reaches (what a connection's URI shows, see ``connection``).
+#: The URL scheme of the Redis each alias reaches (what a connection's URI shows, see ``amqp``).
 SCHEMES = {ALIAS: "redis", SENTINEL_ALIAS: "sentinel"}
 
 
