@@ -182,8 +182,10 @@ def test_events_dump_shows_a_tasks_life_on_the_worker(cluster: tuple[ModuleType,
                             env=os.environ | {"PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: dump.stdout is not None and "starting capture" in dump.stdout.readline(), 20,
-                 "celery events to start capturing")
+        # "starting capture" is printed before the receiver subscribes: an event published in
+        # between is lost to it (pub/sub), so wait for the first event it receives, a heartbeat
+        wait_for(lambda: dump.stdout is not None and f"{NODE} [" in dump.stdout.readline(), 20,
+                 "celery events to receive the worker's heartbeat")
         result = app.double.delay(4)
         assert result.get(timeout=30) == 8
         seen: list[str] = []
