@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -176,33 +177,34 @@ def test_status_lists_the_node_and_result_prints_a_stored_result(cluster: tuple[
 
 def test_events_dump_shows_a_tasks_life_on_the_worker(cluster: tuple[ModuleType, Workers]) -> None:
     """``celery events --dump`` prints the task-sent event of the caller and the received,
-    started and succeeded events of the worker (started with ``-E``) for one task."""
+    started and succeeded events of the worker (started with ``-E``, in that order) for one task."""
     app, _ = cluster
     dump = subprocess.Popen([sys.executable, "-m", "celery", "-A", APP, "events", "--dump"], cwd=ROOT,
                             env=os.environ | {"PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []  # read by a thread: a readline() here could block past any timeout
+    threading.Thread(target=lambda: lines.extend(iter(dump.stdout.readline, "")) if dump.stdout else None,
+                     daemon=True).start()
     try:
         # "starting capture" is printed before the receiver subscribes: an event published in
         # between is lost to it (pub/sub), so wait for the first event it receives, a heartbeat
-        wait_for(lambda: dump.stdout is not None and f"{NODE} [" in dump.stdout.readline(), 20,
-                 "celery events to receive the worker's heartbeat")
+        wait_for(lambda: any(f"{NODE} [" in line for line in lines), 20, "celery events to receive a heartbeat")
         result = app.double.delay(4)
         assert result.get(timeout=30) == 8
-        seen: list[str] = []
         wanted = ("task sent", "task received", "task started", "task succeeded")
-
-        def read_until_succeeded() -> bool:
-            line = dump.stdout.readline() if dump.stdout else ""
-            if result.id in line:
-                seen.append(line)
-            return any("task succeeded" in s for s in seen)
-
-        wait_for(read_until_succeeded, 20, "the task's events", interval=0)
+        # all four: the caller's task-sent event may come after the worker's (they are
+        # published on different connections)
+        wait_for(lambda: all(any(w in line and result.id in line for line in lines) for w in wanted), 20,
+                 "the task's four events")
     finally:
         dump.kill()
         dump.wait(10)
-    assert [next(w for w in wanted if w in line) for line in seen] == list(wanted)
-    assert f"{NODE} [" in seen[-1] and "result=8" in seen[-1]
+    seen = [line for line in lines if result.id in line]
+    kinds = [next(w for w in wanted if w in line) for line in seen]
+    assert sorted(kinds) == sorted(wanted)
+    assert [kind for kind in kinds if kind != "task sent"] == list(wanted[1:])  # the worker's, in order
+    succeeded = next(line for line in seen if "task succeeded" in line)
+    assert succeeded.startswith(f"{NODE} [") and "result=8" in succeeded
 
 
 def test_a_plain_celery_worker_without_queues_consumes_the_default_class_the_intake_and_its_own_queue(
