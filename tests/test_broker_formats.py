@@ -10,6 +10,7 @@ import time
 
 import redis
 
+from sluice.queues.broker.fetching import FetchCall
 from sluice.queues.broker import bells, scripts
 from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.broker.letters import DEAD_LETTER_CAP, DeadLetter
@@ -25,8 +26,9 @@ def _message(tag: str) -> str:
 
 def _forward(client: redis.Redis, tag: str) -> int:
     client.hset(LAYOUT.unacked(), tag, json.dumps([json.loads(_message(tag)), "", QUEUE]))
-    return int(scripts.run(client, "forward", [LAYOUT.unacked(), LAYOUT.unacked_index(), QUEUE, LAYOUT.bell(QUEUE),
-                                               "forwarded"], [tag, _message(tag), bells.BELL_CAP, "", ""]))
+    keys = LAYOUT.unhold_keys()
+    return int(scripts.run(client, "forward", [*keys[:2], QUEUE, LAYOUT.bell(QUEUE), "forwarded", *keys[2:],
+                                               LAYOUT.tenant_lines(QUEUE)], [tag, _message(tag), bells.BELL_CAP, "", "", ""]))
 
 
 def test_a_forward_rings_the_bell_with_the_token_and_cap_python_rings_with(redis_client: redis.Redis) -> None:
@@ -44,10 +46,7 @@ def test_the_dead_letter_fetch_lua_writes_decodes_field_for_field(redis_client: 
     raw = b'{"body": "no delivery tag", "properties": {}}\xff'
     redis_client.lpush(QUEUE, raw)
     now = round(time.time(), 3)  # cjson writes 14 significant digits: a tenth of a millisecond
-    reply = scripts.run(redis_client, "fetch",
-                        [LAYOUT.unacked(), LAYOUT.unacked_index(), QUEUE, LAYOUT.bell(QUEUE),
-                         LAYOUT.dead_letters(QUEUE), LAYOUT.dead_letter_count(QUEUE)],
-                        [repr(now), "0", DEAD_LETTER_CAP, bells.BELL_CAP, "", "0", "0", QUEUE])
+    reply = scripts.run(redis_client, "fetch", *FetchCall.of(LAYOUT, [(QUEUE, False, None)]).arguments(now, False, "", 0))
     assert reply == [1]
     entry = redis_client.lindex(LAYOUT.dead_letters(QUEUE), 0)
     letter = DeadLetter.decode(entry)

@@ -17,6 +17,8 @@ import yaml
 
 from sluice.config import Settings
 from sluice.deploy.manifests import RenderOptions, render
+from sluice.queues.broker.layout import RedisLayout
+from sluice.queues.catalog import Catalog
 from sluice.units import parse_cpu, parse_memory
 from tests.conftest import ROOT
 from tests.kube_fake import FakeKube
@@ -26,6 +28,9 @@ CATALOG = Settings.load(cwd=ROOT, env={}).catalog
 FILES = render(CATALOG, RenderOptions())
 DOCS = [doc for docs in FILES.values() for doc in docs]
 SENTINEL_FILES = render(CATALOG, RenderOptions(redis_sentinel=True))
+#: The default ladder with its gpu class shared by two tenants (their queues have triggers too).
+SHARED = Catalog.merged({"gpu": {"tenants": {"team-a": {"weight": 3}, "team-b": {"quota": {"gpu": 1}}}}})
+SHARED_FILES = render(SHARED, RenderOptions())
 SENTINEL_DOCS = [doc for docs in SENTINEL_FILES.values() for doc in docs]
 SENTINEL_REDIS = [d for d in SENTINEL_DOCS if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "redis"]
 
@@ -63,7 +68,7 @@ def _crd_schema(kind: str) -> dict[str, Any]:
     return _strict(schema)
 
 
-@pytest.mark.parametrize("doc", FILES["keda.yaml"] + SENTINEL_FILES["keda.yaml"], ids=_id)
+@pytest.mark.parametrize("doc", FILES["keda.yaml"] + SENTINEL_FILES["keda.yaml"] + SHARED_FILES["keda.yaml"], ids=_id)
 def test_keda_objects_validate_against_kedas_crds(doc: dict[str, Any]) -> None:
     jsonschema.validate(doc, _crd_schema(doc["kind"]))
 
@@ -179,10 +184,10 @@ def test_sentinel_is_one_option_and_every_client_reaches_the_master_through_the_
     auth, *scaled = SENTINEL_FILES["keda.yaml"]
     assert {r["parameter"] for r in auth["spec"]["secretTargetRef"]} == {"password", "sentinelPassword"}
     for so in scaled:
-        (trigger,) = so["spec"]["triggers"]
-        assert trigger["type"] == "redis-sentinel"
-        assert trigger["metadata"]["addresses"].split(",") == pods
-        assert trigger["metadata"]["sentinelMaster"] == node_env["MASTER_SET"]
+        for trigger in so["spec"]["triggers"]:
+            assert trigger["type"] == "redis-sentinel"
+            assert trigger["metadata"]["addresses"].split(",") == pods
+            assert trigger["metadata"]["sentinelMaster"] == node_env["MASTER_SET"]
     rest = [(d["kind"], d["metadata"]["name"]) for d in SENTINEL_DOCS if d["metadata"].get("labels", {}).get(
         "app.kubernetes.io/component") != "redis"]
     assert rest == [(d["kind"], d["metadata"]["name"]) for d in DOCS if d["metadata"].get("labels", {}).get(
@@ -203,7 +208,19 @@ def test_scaled_objects_follow_the_catalog() -> None:
     for rc, so in zip(CATALOG, FILES["keda.yaml"][1:]):
         assert so["spec"]["scaleTargetRef"]["name"] == f"sluice-worker-{rc.name}"
         assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (rc.min_replicas, rc.max_replicas)
-        assert so["spec"]["triggers"][0]["metadata"]["listName"] == rc.name
+        assert [t["metadata"]["listName"] for t in so["spec"]["triggers"]] == RedisLayout().queue_lists(rc.name)
+
+
+def test_a_scaled_object_sums_a_trigger_per_list_of_every_tenant_the_class_names() -> None:
+    """KEDA's Redis trigger reads one list: the gpu class's backlog is the sum, by KEDA's scaling
+    modifiers, of a trigger on each priority list of its own queue and of each named tenant's."""
+    gpu = next(so for so in SHARED_FILES["keda.yaml"][1:] if so["metadata"]["name"] == "sluice-worker-gpu")
+    triggers = gpu["spec"]["triggers"]
+    lists = [list_ for queue in ("gpu", "gpu:team-a", "gpu:team-b") for list_ in RedisLayout().queue_lists(queue)]
+    assert [t["metadata"]["listName"] for t in triggers] == lists
+    modifiers = gpu["spec"]["advanced"]["scalingModifiers"]
+    assert modifiers["formula"] == " + ".join(t["name"] for t in triggers)
+    assert modifiers["target"] == "1" and modifiers["metricType"] == "AverageValue"
 
 
 def test_checked_in_manifests_match_what_the_code_renders(tmp_path: Path) -> None:

@@ -11,9 +11,12 @@ import time
 import redis
 
 from sluice.queues.broker import scripts
+from sluice.queues.broker.fetching import FetchCall
+from sluice.queues.broker.layout import RedisLayout
 
 QUEUE = "work"
-KEYS = ["unacked", "unacked_index", QUEUE, "bell:" + QUEUE, "dead:" + QUEUE, "dead_count:" + QUEUE]
+LAYOUT = RedisLayout()
+FETCH = FetchCall.of(LAYOUT, [(QUEUE, False, None)])
 
 
 def _message(tag: str) -> str:
@@ -27,13 +30,14 @@ def _queue(client: redis.Redis) -> list[str]:
 
 
 def _fetch(client: redis.Redis, depth: int) -> str | None:
-    reply = scripts.run(client, "fetch", KEYS, [repr(time.time()), "0", 100, 1000, QUEUE, depth, "0", QUEUE])
+    reply = scripts.run(client, "fetch", *FETCH.arguments(time.time(), False, QUEUE, depth))
     return reply[3].decode() if len(reply) > 1 else None
 
 
 def _put_back(client: redis.Redis, tag: str, depth: int) -> int:
-    return scripts.run(client, "forward", ["unacked", "unacked_index", QUEUE, "bell:" + QUEUE, "forwarded"],
-                       [tag, _message(tag), 1000, "", depth])
+    keys = LAYOUT.unhold_keys()
+    return scripts.run(client, "forward", [*keys[:2], QUEUE, LAYOUT.bell(QUEUE), "forwarded", *keys[2:], "tenants"],
+                       [tag, _message(tag), 1000, "", depth, ""])
 
 
 def test_a_fetch_d_deep_takes_that_message_holds_it_and_leaves_the_rest_in_order(redis_client: redis.Redis) -> None:
@@ -69,4 +73,4 @@ def test_a_malformed_message_d_deep_is_a_dead_letter_and_the_fetch_takes_the_nex
     redis_client.lpush(QUEUE, _message("a"), "not json", _message("c"))
     assert _fetch(redis_client, 1) == "c"
     assert _queue(redis_client) == ["a"]
-    assert redis_client.llen("dead:" + QUEUE) == 1 and b"not json" in redis_client.lindex("dead:" + QUEUE, 0)
+    assert redis_client.llen(LAYOUT.dead_letters(QUEUE)) == 1 and b"not json" in redis_client.lindex(LAYOUT.dead_letters(QUEUE), 0)

@@ -39,6 +39,7 @@ from sluice.compute import Compute
 from sluice.deploy.embedded import EmbeddedRedis, free_port
 from sluice.deploy.metrics import ClassMetrics, TaskMetrics
 from sluice.queues import dead_letters, status, task_catalog
+from sluice.queues.broker.fetching import FetchCall
 from sluice.queues.broker import letters, scripts
 from sluice.queues.broker.layout import Held, RedisLayout, task_meta_key, task_states
 from sluice.tasks import history, memory_profile
@@ -61,9 +62,7 @@ RECOVERY_BOUND = 10.0
 
 def _fetch(client: redis.Redis, queue: str, now: float) -> list[Any]:
     """One run of the transport's fetch script on ``queue`` (as a worker's channel runs it)."""
-    return scripts.run(client, "fetch", [LAYOUT.unacked_key, LAYOUT.unacked_index_key, queue, LAYOUT.bell(queue),
-                                         LAYOUT.dead_letters(queue), LAYOUT.dead_letter_count(queue)],
-                       [repr(now), "0", letters.DEAD_LETTER_CAP, 1000, "", "0", "0", queue])
+    return scripts.run(client, "fetch", *FetchCall.of(LAYOUT, [(queue, False, None)]).arguments(now, False, "", 0))
 
 
 def _with_bad_byte(message: dict[str, Any]) -> bytes:

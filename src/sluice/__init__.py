@@ -23,6 +23,9 @@ _EXPORTS = {
     # resource classes
     "Catalog": "sluice.queues.catalog",
     "ResourceClass": "sluice.queues.catalog",
+    # tenants: who may use how much of a class
+    "tenant": "sluice.tenants",
+    "Share": "sluice.tenants",
     # retries and escalation
     "RetryPolicy": "sluice.tasks.retry",
     "RetryOn": "sluice.tasks.retry",
@@ -47,6 +50,7 @@ _EXPORTS = {
             "ConfigurationError",
             "DefinitionError",
             "NoQueueFits",
+            "OverQuota",
             "GpuUnavailable",
             "BrokerUnavailable",
             "TaskFailed",

@@ -17,7 +17,7 @@ from sluice import redis_client
 from sluice.compute import Compute
 from sluice.config import Settings, embedded_broker_url, fallback_memory
 from sluice.errors import ConfigurationError
-from sluice.queues.broker import leases, result_backend, transport
+from sluice.queues.broker import fetching, leases, result_backend, transport
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.routing import ComputeRouter
 from sluice.queues.task_catalog import TaskDirectory
@@ -25,6 +25,7 @@ from sluice.tasks import memory_profile
 from sluice.tasks.base import ComputeTask
 from sluice.tasks.memory_profile import ProfileCache
 from sluice.tasks.retry import RetryPolicy
+from sluice.tenants import check_tenant
 from sluice.workers.bootstep import SluiceWorkerStep
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ FALLBACK_BROKER = "redis://127.0.0.1:6379/0"
 
 
 def safe_defaults(
-    settings: Settings, default_queue: str, broker: str = FALLBACK_BROKER, backend: str = FALLBACK_BROKER
+    settings: Settings, catalog: Catalog, broker: str = FALLBACK_BROKER, backend: str = FALLBACK_BROKER
 ) -> dict[str, Any]:
     """Celery settings chosen for long, memory-hungry tasks (each one explained in the README).
 
@@ -50,7 +51,9 @@ def safe_defaults(
       same worker and a remote call to the worker that holds its package environment.
     * publishing and storing results wait out a Redis outage (``sluice.redis_client``).
     * the ``sluice`` transport (``sluice.queues.broker.transport``): reliable fetch, dead letters, leases;
-      and a consumer that keeps every message Celery cannot run as a dead letter.
+      and a consumer that keeps every message Celery cannot run as a dead letter. Its fetch
+      shares each class between tenants by the class's slot and tenant shares, which travel in
+      its transport options.
     """
     sentinel = (
         {
@@ -73,13 +76,15 @@ def safe_defaults(
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout,
             leases.LEASE_OPTION: leases.lease_interval(settings.visibility_timeout, settings.orphan_grace),
+            fetching.SHARES_OPTION: {rc.name: rc.fetch_terms() for rc in catalog},
+            fetching.PRIORITY_WAIT_OPTION: settings.priority_max_wait,
             **(sentinel_options if redis_client.is_sentinel(broker) else {}),
         },
         "result_backend_transport_options": sentinel_options if redis_client.is_sentinel(backend) else {},
         "result_extended": True,
         "task_track_started": True,
         "task_send_sent_event": True,
-        "task_default_queue": default_queue,
+        "task_default_queue": catalog.default_class.name,
         "broker_connection_retry_on_startup": True,
         "worker_direct": True,
         **redis_client.retry_settings(settings.outage_wait),
@@ -149,6 +154,7 @@ class App(Celery):
         broker: str | None = None,
         backend: str | None = None,
         capabilities: Iterable[Capability] | None = None,
+        tenant: str | None = None,
         **kwargs: Any,
     ) -> None:
         self.capabilities: tuple[Capability, ...] = tuple(
@@ -159,6 +165,8 @@ class App(Celery):
             raise ConfigurationError(f"default_compute={default_compute!r} must be a sluice.Compute")
         self.settings = settings
         self.default_compute = (default_compute or Compute()).inherit(settings.default_compute)
+        #: The tenant of this App's calls that name none (``sluice.tenants``).
+        self.default_tenant = check_tenant(settings.tenant if tenant is None else tenant)
         self.catalog = Catalog(classes) if classes is not None else settings.catalog
         self.catalog.route(self.unlearned(self.default_compute), "the app's default compute")
         broker = broker or settings.broker_url or embedded_broker_url(settings.home) or FALLBACK_BROKER
@@ -167,11 +175,7 @@ class App(Celery):
             main, broker=broker, backend=backend or settings.result_backend or broker, task_cls=ComputeTask, **kwargs
         )
         self.loader.override_backends = {**self.loader.override_backends, **result_backend.PATHS}
-        self.conf.update(
-            safe_defaults(
-                settings, self.catalog.default_class.name, broker, backend or settings.result_backend or broker
-            )
-        )
+        self.conf.update(safe_defaults(settings, self.catalog, broker, backend or settings.result_backend or broker))
         self.conf.task_routes = (ComputeRouter(self),)
         self.steps["worker"].add(SluiceWorkerStep)
         self.user_options["worker"].add(

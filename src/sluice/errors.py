@@ -3,6 +3,7 @@
     SluiceError
     ├── ConfigurationError        bad settings, sizes or options; raised when declared
     │   ├── NoQueueFits           no resource class can hold a task's compute
+    │   ├── OverQuota             a task is larger than its tenant's quota on its class: it could never start
     │   ├── DefinitionError       an asset graph is wrong: unknown dependency, cycle, duplicate
     │   ├── GpuUnavailable        a worker asked to serve a gpu class has no GPU
     │   └── InvalidPackageError   a remote function's packages= entry is not a PEP 508 requirement
@@ -49,6 +50,10 @@ class ConfigurationError(SluiceError, ValueError):
 
 class NoQueueFits(ConfigurationError):
     """No resource class has a slot large enough for the task's compute."""
+
+
+class OverQuota(ConfigurationError):
+    """A task needs more than its tenant's quota on its class allows: it could never start."""
 
 
 class DefinitionError(ConfigurationError):

@@ -29,6 +29,16 @@ REMOTE_REASON = "sluice_remote_reason"
 #: The queues a worker forwarded this message from (admission), oldest first: a forward to a
 #: queue already in it is a loop, and ends the task instead.
 FORWARDED = "sluice_forwarded"
+#: The tenant a call belongs to (``sluice.tenants``; absent: the default tenant). Plain Celery
+#: producers may set it too.
+TENANT = "sluice_tenant"
+#: What the message's task holds while it runs, as the fetch script counts it against its
+#: tenant's share and quota: "<millicores> <bytes> <gpus>" of its effective compute (absent: one
+#: slot of its class). Set at publish by the router (``sluice.queues.routing``).
+CHARGE = "sluice_charge"
+#: When a message with a priority was published (seconds since the epoch): the fetch script takes
+#: it ahead of higher priorities once it has waited ``priority_max_wait`` (priority aging).
+SENT = "sluice_sent"
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,7 @@ class Headers:
     remote_start: int | None = None
     remote_reason: str | None = None
     forwarded: tuple[str, ...] = ()
+    tenant: str | None = None
 
     @classmethod
     def read(cls, source: Mapping[str, Any] | Any) -> Headers:
@@ -56,6 +67,7 @@ class Headers:
             remote_start=int(start) if start else None,
             remote_reason=fields.get(REMOTE_REASON) or None,
             forwarded=tuple(str(q) for q in fields.get(FORWARDED) or ()),
+            tenant=fields.get(TENANT) or None,
         )
 
     def encode(self) -> dict[str, Any]:
@@ -68,6 +80,7 @@ class Headers:
             REMOTE_START: self.remote_start,
             REMOTE_REASON: self.remote_reason,
             FORWARDED: list(self.forwarded) or None,
+            TENANT: self.tenant,
         }
         return {name: value for name, value in values.items() if value is not None}
 
@@ -77,3 +90,14 @@ def attempt_of(source: Mapping[str, Any] | Any) -> int:
     parsing its other headers: it is read for every task the worker runs."""
     fields = source if isinstance(source, Mapping) else vars(source)
     return int(fields.get(ATTEMPT) or 1)
+
+
+def encode_charge(compute: Compute) -> str:
+    """The :data:`CHARGE` header of a task of effective ``compute`` (the fetch script reads it)."""
+    return f"{compute.millicores or 0} {compute.memory_bytes or 0} {compute.gpus}"
+
+
+def decode_charge(text: str) -> Compute:
+    """The compute a :data:`CHARGE` header says (canonical ints on every axis)."""
+    millicores, memory_bytes, gpus = (int(part) for part in text.split())
+    return Compute.of(millicores, memory_bytes, gpus)

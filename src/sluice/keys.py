@@ -32,6 +32,20 @@ def bell(queue: str) -> str:
     return f"{PREFIX}bell:{queue}"
 
 
+def tenant_lines(queue: str) -> str:
+    """Set of the tenants that may have messages waiting on their own queues of class ``queue``
+    (``sluice.tenants.tenant_queue``); the fetch script drops one whose queues it finds empty."""
+    return f"{PREFIX}tenants:{queue}"
+
+
+#: Hash: what held messages charge their tenants, ``<tag>`` -> ``<queue> <tenant> <millicores>
+#: <bytes> <gpus>``, written and removed with the held message itself (``lua/held.lua``).
+HELD_CHARGES = f"{PREFIX}held-charges"
+#: Hash: each tenant's running compute on each class, ``<queue> <tenant> <axis>`` -> total (axis:
+#: ``cpu`` millicores, ``memory`` bytes, ``gpu``), the sum of :data:`HELD_CHARGES` kept in the same steps.
+TENANT_USAGE = f"{PREFIX}tenant-usage"
+
+
 def dead_letters(queue: str) -> str:
     """List (newest first, capped) of messages from ``queue`` that could not be run, each
     ``<JSON header: reason, list, at>\n<the raw message>``."""

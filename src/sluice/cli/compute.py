@@ -8,6 +8,9 @@ from pathlib import Path
 
 import click
 
+from sluice.errors import ConfigurationError
+from sluice.tenants import check_tenant
+
 
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.argument("task_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -67,6 +70,13 @@ import click
     help="Stop sending items to a worker after this many infrastructure failures on it.",
 )
 @click.option(
+    "--tenant",
+    default=None,
+    callback=lambda ctx, param, value: None if value is None else _tenant(value),
+    help="The tenant the run's items belong to, for a class shared by tenants (default: SLUICE_TENANT, "
+    'else the default tenant); see the README\'s "Sharing a class".',
+)
+@click.option(
     "--keep",
     is_flag=True,
     help="Keep the run's directory (and a default sink) past run_ttl; its Redis data expires anyway.",
@@ -88,6 +98,7 @@ def compute(
     broker: str | None,
     run_id: str | None,
     quarantine_after: int,
+    tenant: str | None,
     keep: bool,
 ) -> None:
     """Run TASK_FILE's plan() items through execute() on workers. Arguments after `--` go to the
@@ -109,6 +120,23 @@ def compute(
     if check_items is not None:
         sys.exit(launch.check(tf, check_items))
     options = launch.RunOptions(
-        workers, per_worker, python, retries, results_mode, resume, rerun_failed, observe, quarantine_after
+        workers,
+        per_worker,
+        python,
+        retries,
+        results_mode,
+        resume,
+        rerun_failed,
+        observe,
+        quarantine_after,
+        tenant,
     )
     sys.exit(launch.run_task_file(tf, options, sink, broker, run_id, keep, traj))
+
+
+def _tenant(name: str) -> str:
+    """``--tenant``, checked before anything starts (a usage error naming it)."""
+    try:
+        return check_tenant(name)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tenant") from None

@@ -14,7 +14,7 @@ from sluice.compute import Compute
 from sluice.config import fallback_memory
 from sluice.errors import NoQueueFits
 from sluice.queues import task_catalog
-from sluice.queues.status import class_status, intake_status, tasks_by_class
+from sluice.queues.status import TenantStatus, class_status, intake_status, tasks_by_class, tenant_status
 from sluice.tasks import memory_profile
 from sluice.units import format_size
 
@@ -22,14 +22,16 @@ from sluice.units import format_size
 @click.command()
 @app_option("App whose catalog to use (default: the configured one).")
 def status(app_name: str | None) -> None:
-    """Per resource class: queue depth, workers online, tasks running, slot size, and the tasks
-    of the cluster's task catalog it serves; then the intake queue (plain Celery clients' tasks
-    waiting to be forwarded)."""
+    """Per resource class: queue depth (every tenant's), workers online, tasks running, slot
+    size, and the tasks of the cluster's task catalog it serves; then the intake queue (plain
+    Celery clients' tasks waiting to be forwarded); then, where a class is shared, each tenant's
+    weight and quota there, its waiting messages and what its running tasks hold."""
     broker = broker_client(app_name)
     try:
         rows = class_status(broker.client, broker.catalog)
         intake = intake_status(broker.client, broker.settings.intake_queue)
         serves = tasks_by_class(task_catalog.read(broker.client), broker.catalog)
+        tenants = tenant_status(broker.client, broker.catalog)
     except redis.RedisError as exc:
         raise click.ClickException(f"cannot read the broker: {exc}") from None
     table = Table(title="sluice status")
@@ -56,8 +58,23 @@ def status(app_name: str | None) -> None:
         "forwarded to the class that fits",
     )
     console.print(table)
+    if tenants:
+        console.print(_tenant_table(tenants))
     if serves.get("?"):
         console.print(f"[yellow]no class here holds[/yellow] {', '.join(serves['?'])}")
+
+
+def _tenant_table(rows: list[TenantStatus]) -> Table:
+    """The tenants table of ``sluice status``."""
+    table = Table(title="tenants (fair share at fetch: the lowest weighted dominant share goes next)")
+    for column in ("class", "tenant", "weight", "quota", "waiting", "running holds"):
+        table.add_column(column, justify="right" if column in ("weight", "waiting") else "left")
+    for row in rows:
+        quota = row.share.quota.describe() if row.share.quota is not None else "-"
+        running = row.running
+        holding = running.describe() if any((running.millicores, running.memory_bytes, running.gpu)) else "-"
+        table.add_row(row.queue, row.tenant, f"{row.share.weight:g}", quota, str(row.waiting), holding)
+    return table
 
 
 @click.command()

@@ -30,6 +30,7 @@ from sluice.config.up import embedded_state
 from sluice.config.values import ClassTables, DefaultCompute, Memory, Number, PathValue, Text
 from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog
+from sluice.tenants import DEFAULT_TENANT, check_tenant
 
 #: The compute of a task that declares none, unless configured ("auto" memory falls back to it too).
 BUILTIN_DEFAULT_COMPUTE = Compute(cpu="1", memory="512Mi")
@@ -148,6 +149,18 @@ class Settings:
         "Seconds a batch run's Redis data (and its directory, unless kept) outlive the run's end",
         default=3 * 86_400.0,
     )
+    tenant: str = setting(
+        Text(),
+        "The tenant of a call that names none (`tenant=`, `with sluice.tenant(...)`): "
+        "its weight and quota on each class are the class's `tenants` table's",
+        default=DEFAULT_TENANT,
+    )
+    priority_max_wait: float = setting(
+        Number(0.0, 86_400.0),
+        "The longest a task sent with a priority waits behind higher priorities of its tenant "
+        "on its class before it goes first (priority aging), in seconds; 0: no bound",
+        default=300.0,
+    )
     sentinel_master: str | None = setting(
         Text(), "With a sentinel:// broker: the name the Sentinels monitor the master under", default=None
     )
@@ -180,7 +193,8 @@ class Settings:
         return replace(core, sections={section: section.from_table(table, core) for section in sections})
 
     def check(self) -> None:
-        """The intake queue is a queue name that is not one of the resource classes."""
+        """The intake queue is a queue name that is not one of the resource classes; the tenant is a tenant name."""
+        check_tenant(self.tenant)
         name = self.intake_queue
         if not name.replace("-", "").replace("_", "").replace(".", "").isalnum() or name in self.catalog:
             raise ConfigurationError(

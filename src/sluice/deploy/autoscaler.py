@@ -39,10 +39,11 @@ DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 
 def replicas_needed(status: ClassStatus, rc: ResourceClass, demand: tuple[int, int] | None = None) -> int:
-    """Work over slots, clamped to the class's bounds, never below the busy workers (pure). For a
+    """Work over slots, clamped to the class's bounds, never below the busy workers (pure). Work
+    is what waits and its tenants' quotas let start (``ClassStatus.demand``) and what runs. For a
     packed class, also the ``demand`` (millicores, bytes of the waiting and held messages) over
     one worker's size, whichever needs more workers."""
-    work = status.queued + max(status.reserved, status.running)
+    work = status.demand + max(status.reserved, status.running)
     need = math.ceil(work / rc.slots)
     if rc.pack and demand is not None:
         millicores, memory = demand

@@ -15,7 +15,9 @@ import yaml
 
 from sluice.deploy import platform
 from sluice.deploy.platform import labels
+from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.catalog import Catalog, ResourceClass
+from sluice.tenants import tenant_queue
 from sluice.units import format_cpu, format_memory
 
 Manifest = dict[str, Any]
@@ -156,8 +158,8 @@ def worker_deployment(rc: ResourceClass, options: RenderOptions) -> Manifest:
     }
 
 
-def _trigger(rc: ResourceClass, options: RenderOptions) -> Manifest:
-    """KEDA's trigger on the class's Redis list, straight or through the Sentinels."""
+def _trigger(name: str, listed: str, rc: ResourceClass, options: RenderOptions) -> Manifest:
+    """KEDA's trigger on one Redis list of the class, straight or through the Sentinels."""
     where: dict[str, str] = {"address": f"{platform.REDIS_NAME}.{options.namespace}.svc:{platform.REDIS_PORT}"}
     if options.redis_sentinel:
         where = {
@@ -166,13 +168,23 @@ def _trigger(rc: ResourceClass, options: RenderOptions) -> Manifest:
         }
     return {
         "type": "redis-sentinel" if options.redis_sentinel else "redis",
-        "metadata": {**where, "listName": rc.name, "listLength": str(rc.slots), "databaseIndex": "0"},
+        "name": name,
+        "metadata": {**where, "listName": listed, "listLength": str(rc.slots), "databaseIndex": "0"},
         "authenticationRef": {"name": platform.REDIS_AUTH},
     }
 
 
 def scaled_object(rc: ResourceClass, options: RenderOptions) -> Manifest:
-    """KEDA scales the class's Deployment on its queue: one replica per ``slots`` queued messages."""
+    """KEDA scales the class's Deployment on its whole backlog: one replica per ``slots`` waiting
+    messages. KEDA's Redis trigger reads one list, and a class's messages wait on several: one
+    per priority step, for the default tenant and each tenant its table names
+    (``sluice.tenants``). So there is a trigger per list, and a formula (KEDA's scaling
+    modifiers) sums them. A tenant the class does not name is not seen here (the built-in
+    autoscaler sees every tenant)."""
+    layout = RedisLayout()
+    queues = [rc.name, *(tenant_queue(rc.name, tenant) for tenant, _ in rc.tenants)]
+    lists = [listed for queue in queues for listed in layout.queue_lists(queue)]
+    names = [f"list{i}" for i in range(len(lists))]
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -182,7 +194,14 @@ def scaled_object(rc: ResourceClass, options: RenderOptions) -> Manifest:
             "minReplicaCount": rc.min_replicas,
             "maxReplicaCount": rc.max_replicas,
             "cooldownPeriod": 300,
-            "triggers": [_trigger(rc, options)],
+            "advanced": {
+                "scalingModifiers": {
+                    "formula": " + ".join(names),
+                    "target": str(rc.slots),
+                    "metricType": "AverageValue",
+                }
+            },
+            "triggers": [_trigger(name, listed, rc, options) for name, listed in zip(names, lists)],
         },
     }
 

@@ -18,9 +18,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sluice import entries, keys
+from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.queues.catalog import Catalog
-from sluice.queues.status import class_status, intake_status
+from sluice.queues.status import class_status, intake_status, tenant_status
 from sluice.tasks import memory_profile
 
 
@@ -128,6 +129,44 @@ class TaskMetrics(Collector):
         yield from (sizes, runs, kills)
 
 
+class TenantMetrics(Collector):
+    """Per class and tenant (``sluice.tenants``): ``sluice_tenant_running`` (what its running
+    tasks hold) and ``sluice_tenant_quota`` by ``resource`` (``cpu`` in cores, ``memory`` in
+    bytes, ``gpu``; a quota only where one is set), ``sluice_tenant_waiting`` and
+    ``sluice_tenant_weight``."""
+
+    def __init__(self, client: redis.Redis, catalog: Catalog) -> None:
+        self.client, self.catalog = client, catalog
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["resource_class", "tenant"]
+        running = GaugeMetricFamily(
+            "sluice_tenant_running", "What the tenant's running tasks hold on the class", labels=[*labels, "resource"]
+        )
+        quota = GaugeMetricFamily(
+            "sluice_tenant_quota", "The most the tenant's tasks may hold on the class", labels=[*labels, "resource"]
+        )
+        waiting = GaugeMetricFamily("sluice_tenant_waiting", "Its messages waiting on the class", labels=labels)
+        weight = GaugeMetricFamily("sluice_tenant_weight", "The tenant's weight on the class", labels=labels)
+        for row in tenant_status(self.client, self.catalog):
+            where = [row.queue, row.tenant]
+            for resource, value in _resources(row.running):
+                running.add_metric([*where, resource], value or 0)
+            if row.share.quota is not None:
+                for resource, value in _resources(row.share.quota):
+                    if value is not None:
+                        quota.add_metric([*where, resource], value)
+            waiting.add_metric(where, row.waiting)
+            weight.add_metric(where, row.share.weight)
+        yield from (running, quota, waiting, weight)
+
+
+def _resources(compute: Compute) -> tuple[tuple[str, float | None], ...]:
+    """A compute's axes in Prometheus's base units (cores, bytes, count); None where unset."""
+    cores = None if compute.millicores is None else compute.millicores / 1000
+    return ("cpu", cores), ("memory", compute.memory_bytes), ("gpu", compute.gpu)
+
+
 def serve(
     client: redis.Redis, catalog: Catalog, port: int, address: str = "0.0.0.0", intake: str = Settings.intake_queue
 ) -> CollectorRegistry:
@@ -135,5 +174,6 @@ def serve(
     registry = CollectorRegistry()
     registry.register(ClassMetrics(client, catalog, intake))
     registry.register(TaskMetrics(client))
+    registry.register(TenantMetrics(client, catalog))
     start_http_server(port, addr=address, registry=registry)
     return registry

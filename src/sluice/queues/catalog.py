@@ -12,8 +12,9 @@ from typing import Any
 
 from sluice.compute import Compute
 from sluice.errors import ConfigurationError, NoQueueFits
+from sluice.tenants import Share, check_tenant
 
-CLASS_KEYS = ("cpu", "memory", "gpu", "slots", "min_replicas", "max_replicas", "pack", "enabled")
+CLASS_KEYS = ("cpu", "memory", "gpu", "slots", "min_replicas", "max_replicas", "pack", "tenants", "enabled")
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class ResourceClass:
 
     ``pack=True``: ``slot`` is the whole worker's size instead, and the worker runs as many tasks
     at once as fit it by their own effective compute, at most ``slots`` (``sluice.workers.packing``).
+
+    ``tenants``: the :class:`~sluice.tenants.Share` (weight, quota) of each named tenant here;
+    a tenant not named has weight 1 and no quota (see ``share``).
     """
 
     name: str
@@ -30,8 +34,20 @@ class ResourceClass:
     min_replicas: int = 0
     max_replicas: int = 10
     pack: bool = False
+    tenants: tuple[tuple[str, Share], ...] = ()
 
     def __post_init__(self) -> None:
+        shares = self.tenants.items() if isinstance(self.tenants, Mapping) else self.tenants
+        object.__setattr__(
+            self,
+            "tenants",
+            tuple(
+                sorted(
+                    (check_tenant(name), Share.from_mapping(f"resource class {self.name!r} tenant {name!r}", share))
+                    for name, share in shares
+                )
+            ),
+        )
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
             raise ConfigurationError(
                 f"resource class name {self.name!r} is not valid; use letters, digits, '-' and '_'"
@@ -59,6 +75,21 @@ class ResourceClass:
                 f"resource class {self.name!r}: min_replicas={self.min_replicas} "
                 f"exceeds max_replicas={self.max_replicas}"
             )
+
+    def share(self, tenant: str) -> Share:
+        """What ``tenant`` is given here (weight 1, no quota, when the class does not name it)."""
+        return dict(self.tenants).get(tenant, Share())
+
+    def fetch_terms(self) -> tuple[str, str]:
+        """What the fetch script needs of this class (``lua/fetch.lua``): one slot's charge, and
+        each named tenant's ``<name> <weight> <cpu cap> <memory cap> <gpu cap>`` ("-": no cap)."""
+        slot = f"{self.slot.millicores or 0} {self.slot.memory_bytes or 0} {self.slot.gpus}"
+        terms = []
+        for name, share in self.tenants:
+            quota = share.quota
+            caps = (quota.millicores, quota.memory_bytes, quota.gpu) if quota is not None else (None, None, None)
+            terms.append(" ".join([name, repr(float(share.weight)), *("-" if c is None else str(c) for c in caps)]))
+        return slot, " ".join(terms)
 
     @property
     def is_gpu(self) -> bool:
@@ -92,7 +123,12 @@ class ResourceClass:
             memory=data.get("memory", base.slot.memory if base else None),
             gpu=data.get("gpu", base.slot.gpus if base else 0),
         )
-        fields = {k: data[k] for k in ("slots", "min_replicas", "max_replicas", "pack") if k in data}
+        fields = {k: data[k] for k in ("slots", "min_replicas", "max_replicas", "pack", "tenants") if k in data}
+        if "tenants" in fields and not isinstance(fields["tenants"], Mapping):
+            raise ConfigurationError(
+                f"resource class {name!r}: tenants must be a table of tenant tables, "
+                f'e.g. [classes.{name}.tenants.team-a] weight = 3, quota = {{gpu = 4, memory = "256Gi"}}'
+            )
         if base is not None:
             return replace(base, slot=slot, **fields)
         return cls(name=name, slot=slot, **fields)
@@ -139,6 +175,10 @@ class Catalog:
             if enabled is False:
                 classes.pop(name, None)
                 continue
+            if name not in classes and set(table) <= {"tenants"}:
+                raise ConfigurationError(
+                    f"tenants given for unknown resource class {name!r}; classes: {', '.join(sorted(classes))}"
+                )
             classes[name] = ResourceClass.from_mapping(name, table, classes.get(name))
         return cls(classes.values())
 

@@ -1,6 +1,7 @@
-"""Per-class figures read from Redis: queue depth, workers online, tasks running, slots; the
-intake queue's depth; which tasks of the task catalog each class serves; and the compute that a
-packed class's waiting and held messages need."""
+"""Per-class figures read from Redis: queue depth, workers online, tasks running, slots; per
+class and tenant, what waits and what runs against the tenant's share; the intake queue's
+depth; which tasks of the task catalog each class serves; and the compute that a packed class's
+waiting and held messages need."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.task_catalog import TaskEntry
 from sluice.tasks.heartbeat import read_heartbeats
+from sluice.tenants import DEFAULT_TENANT, Share, split_queue
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,14 @@ class ClassStatus:
     slots: int
     busy: tuple[str, ...]  #: hostnames of workers running something
     idle: tuple[str, ...]  #: hostnames of online workers running nothing
+    #: Of ``queued``, what the tenants' quotas let start now (see :func:`runnable`); the same
+    #: when no quota is set.
+    runnable: int | None = None
+
+    @property
+    def demand(self) -> int:
+        """What waits and may start: ``runnable`` (``queued`` when not counted)."""
+        return self.queued if self.runnable is None else self.runnable
 
     @property
     def workers(self) -> int:
@@ -40,20 +50,74 @@ def class_status(client: redis.Redis, catalog: Catalog, layout: RedisLayout = Re
     """One row per class, smallest first (``layout``: the broker's transport options)."""
     beats = read_heartbeats(client)
     reserved = layout.held_by_queue(client)
+    usage = layout.tenant_usage_of(client) if any(rc.tenants for rc in catalog) else {}
     rows = []
     for rc in catalog:
         serving = [b for b in beats if rc.name in b.classes]
+        depths = layout.tenant_depths(client, rc.name)
         rows.append(
             ClassStatus(
                 rc,
-                layout.queue_depth(client, rc.name),
+                sum(depths.values()),
                 reserved[rc.name],
                 sum(len(b.running) for b in serving),
                 sum(b.slots for b in serving),
                 tuple(sorted(b.hostname for b in serving if b.running)),
                 tuple(sorted(b.hostname for b in serving if not b.running)),
+                runnable(rc, depths, usage),
             )
         )
+    return rows
+
+
+def runnable(rc: ResourceClass, depths: Mapping[str, int], usage: Mapping[tuple[str, str], Compute]) -> int:
+    """How many of the messages waiting for ``rc`` (``depths``: per tenant) their tenants' quotas
+    let start now, counting each as one slot: a tenant at its quota adds none, however many wait."""
+    total = 0
+    for tenant, waiting in depths.items():
+        quota = rc.share(tenant).quota
+        if quota is None:
+            total += waiting
+            continue
+        used = usage.get((rc.name, tenant), Compute())
+        room = waiting
+        for cap, have, size in (
+            (quota.millicores, used.millicores, rc.slot.millicores),
+            (quota.memory_bytes, used.memory_bytes, rc.slot.memory_bytes),
+            (quota.gpu, used.gpu, rc.slot.gpu),
+        ):
+            if cap is not None and size:
+                room = min(room, max(0, (cap - (have or 0)) // size))
+        total += room
+    return total
+
+
+@dataclass(frozen=True)
+class TenantStatus:
+    """One tenant on one class: what it is given, what it waits with, what its running tasks hold."""
+
+    queue: str
+    tenant: str
+    share: Share
+    waiting: int
+    running: Compute  #: the sum of its held messages' charges (an axis with none unset)
+
+
+def tenant_status(client: redis.Redis, catalog: Catalog, layout: RedisLayout = RedisLayout()) -> list[TenantStatus]:
+    """One row per class and tenant that has a share configured, messages waiting or tasks
+    running there, by class (smallest first) then tenant; none for a class that only the
+    default tenant uses, with no share configured (it is not shared)."""
+    usage = layout.tenant_usage_of(client)
+    rows = []
+    for rc in catalog:
+        depths = layout.tenant_depths(client, rc.name)
+        named = {name for name, _ in rc.tenants} | {t for (q, t) in usage if q == rc.name}
+        named |= {t for t, n in depths.items() if n}
+        if named <= {DEFAULT_TENANT} and not rc.tenants:
+            continue
+        for tenant in sorted(named):
+            running = usage.get((rc.name, tenant), Compute())
+            rows.append(TenantStatus(rc.name, tenant, rc.share(tenant), depths.get(tenant, 0), running))
     return rows
 
 
@@ -110,7 +174,7 @@ def demand(
     packed class's autoscaling). Past ``sample`` waiting messages, their mean stands for the rest."""
     waiting = layout.waiting(client, queue, sample)
     depth = layout.queue_depth(client, queue)
-    held = [item.message for item in layout.held(client) if item.queue == queue]
+    held = [item.message for item in layout.held(client) if split_queue(item.queue)[0] == queue]
     computes = [message_compute(app, m) for m in waiting]
     scale = depth / len(computes) if computes and depth > len(computes) else 1.0
     millicores = sum(c.millicores or 0 for c in computes) * scale

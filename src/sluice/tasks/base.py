@@ -57,11 +57,13 @@ class ComputeTask(Task):
         kwargs: dict[str, Any] | None = None,
         chunk: int | None = None,
         progress: bool | None = None,
+        tenant: str | None = None,
     ) -> BulkResult:
         """One call per item (a tuple or list: its arguments; anything else: its one argument),
         published ``chunk`` (default 1000) at a time in one Redis round trip each; a lazy ``BulkResult`` back
-        (``.get()`` in order, ``.as_completed()`` as they finish). See :mod:`sluice.tasks.bulk`."""
-        return bulk.delay_many(self, items, kwargs=kwargs, chunk=chunk, progress=progress)
+        (``.get()`` in order, ``.as_completed()`` as they finish); ``tenant``: whose calls they
+        are (see ``sluice.tenants``). See :mod:`sluice.tasks.bulk`."""
+        return bulk.delay_many(self, items, kwargs=kwargs, chunk=chunk, progress=progress, tenant=tenant)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

@@ -114,9 +114,11 @@ def delay_many(
     kwargs: dict[str, Any] | None = None,
     chunk: int | None = None,
     progress: bool | None = None,
+    tenant: str | None = None,
 ) -> BulkResult:
     """Publish one call of ``task`` per item: a tuple or list item is the call's positional
-    arguments, anything else its one argument; ``kwargs`` go to every call. Returns at once
+    arguments, anything else its one argument; ``kwargs`` go to every call; ``tenant``: whose
+    calls they are (``sluice.tenants``; else as ``apply_async`` finds it). Returns at once
     with a :class:`BulkResult`. If publishing stops midway (Redis lost, an argument that does
     not serialize), :class:`SubmitInterrupted` says how many calls went out and holds them."""
     chunk = DEFAULT_CHUNK if chunk is None else chunk
@@ -125,10 +127,11 @@ def delay_many(
     calls = (tuple(item) if isinstance(item, (tuple, list)) else (item,) for item in items)
     total = len(items) if isinstance(items, Sized) else None
     app = task.app
-    route = app.amqp.router.route({}, task.name, (), {}, task)
+    options = {} if tenant is None else {"tenant": tenant}
+    route = app.amqp.router.route(dict(options), task.name, (), {}, task)
     if _needs_apply_async(task, route["queue"]):
         with _progress(progress, "submitted", total) as advance:
-            sent = [_advanced(advance, task.apply_async(args, kwargs)) for args in calls]
+            sent = [_advanced(advance, task.apply_async(args, kwargs, **options)) for args in calls]
         return BulkResult([result.id for result in sent], app=app, results=sent)
     published: list[str] = []
     with app.producer_or_acquire() as producer, _progress(progress, "submitted", total) as advance:

@@ -19,6 +19,7 @@ from sluice.headers import FORWARDED, Headers
 from sluice.queues.broker.layout import WorkerQueue, worker_queue
 from sluice.tasks.history import append as append_history
 from sluice.tasks.retry import AttemptRecord, Reason, RetryPolicy, decide, summarize
+from sluice.tenants import split_queue
 
 if TYPE_CHECKING:
     from sluice.tasks.base import ComputeTask
@@ -28,17 +29,20 @@ log = logging.getLogger("sluice.escalation")
 
 @dataclass(frozen=True)
 class Attempt:
-    """The attempt a message represents: its number, size, queue, retry policy and stickiness."""
+    """The attempt a message represents: its number, size, queue, retry policy, stickiness and tenant."""
 
     number: int
     compute: Compute
     queue: str
     policy: RetryPolicy | None
     sticky: str | None = None  #: the home queue of a sticky message
+    tenant: str | None = None  #: whose call it is (None: the default tenant)
 
     @classmethod
     def of(cls, task: ComputeTask, request: Any, delivery_info: dict[str, Any] | None) -> Attempt:
-        """Read from a request (or its ``request_dict``): its headers win over the task's options."""
+        """Read from a request (or its ``request_dict``): its headers win over the task's options.
+        The queue is the class (a tenant's queue of it counts as the class; the next attempt's
+        tenant travels in the headers)."""
         headers = Headers.read(request)
         compute = (
             headers.compute.inherit(task.app.default_compute)
@@ -48,9 +52,10 @@ class Attempt:
         return cls(
             headers.attempt,
             compute,
-            (delivery_info or {}).get("routing_key") or "?",
+            split_queue((delivery_info or {}).get("routing_key") or "?")[0],  # a tenant's queue: its class
             headers.policy or task.retry_policy,
             headers.sticky,
+            headers.tenant,
         )
 
 
@@ -85,7 +90,10 @@ def end_attempt(
         target = next_queue(task, attempt, decision.compute, reason, worker)
         travelling = policy if policy is not task.retry_policy else None  # a per-message policy travels on
         inherited = {k: v for k, v in (context.headers or {}).items() if k != FORWARDED}  # a new attempt, a new trail
-        headers = {**inherited, **Headers(attempt.number + 1, decision.compute, travelling, attempt.sticky).encode()}
+        headers = {
+            **inherited,
+            **Headers(attempt.number + 1, decision.compute, travelling, attempt.sticky, tenant=attempt.tenant).encode(),
+        }
         task.signature_from_request(
             context, queue=target, headers=headers, countdown=decision.countdown or None
         ).apply_async()

@@ -9,7 +9,9 @@ queue. Admission is the guarantee. Every message is judged before Celery makes a
   to the smallest class that fits the task;
 * from a resource class whose slot cannot hold the task's effective compute (a 4Gi task on a
   2Gi ``cpu`` queue, a gpu task on a cpu queue): forwarded to the smallest class that fits;
-* from any other queue (a batch run's private queue, a worker's own queue): run.
+* from any other queue (a batch run's private queue, a worker's own queue): run;
+* larger than its tenant's quota on its class (``sluice.tenants``; a plain producer's message,
+  which no publish-time check saw): failed with :class:`~sluice.errors.OverQuota`.
 
 On a packed worker, a message that may run is also checked against the room its running tasks
 leave (``sluice.workers.packing``), and put back when it does not fit now.
@@ -31,10 +33,11 @@ from celery.exceptions import InvalidTaskError
 from celery.worker.strategy import default as celery_strategy
 
 from sluice.compute import Compute
-from sluice.errors import NoQueueFits
+from sluice.errors import ConfigurationError, NoQueueFits
 from sluice.headers import FORWARDED, Headers
 from sluice.queues.broker import moves
 from sluice.queues.catalog import Catalog
+from sluice.tenants import DEFAULT_TENANT, is_tenant
 from sluice.workers.gpu import gpu_count
 
 log = logging.getLogger("sluice.worker")
@@ -45,19 +48,29 @@ class Verdict:
     """Run the message here (neither field set), forward it, or fail its task."""
 
     forward_to: str | None = None
-    error: NoQueueFits | None = None
+    error: ConfigurationError | None = None  #: NoQueueFits, or OverQuota
 
 
 RUN = Verdict()
 
 
 def decide(
-    name: str, compute: Compute, source: str, catalog: Catalog, intake: str, trail: tuple[str, ...] = ()
+    name: str,
+    compute: Compute,
+    source: str,
+    catalog: Catalog,
+    intake: str,
+    trail: tuple[str, ...] = (),
+    tenant: str = DEFAULT_TENANT,
 ) -> Verdict:
     """What to do with a message of task ``name`` that came from queue ``source``; ``trail``:
-    the queues it was forwarded from before."""
+    the queues it was forwarded from before; ``tenant``: whose call it is (a task larger than
+    its tenant's quota on its class fails: the fetch takes such a message only to end it)."""
     if source != intake and (source not in catalog or compute.fits_in(catalog.get(source).slot)):
-        return RUN
+        if source not in catalog:
+            return RUN
+        refusal = catalog.get(source).share(tenant).refusal(name, compute, source, tenant)
+        return RUN if refusal is None else Verdict(error=refusal)
     try:
         target = catalog.route(compute, name).name
     except NoQueueFits as exc:
@@ -95,7 +108,7 @@ def forward(app: Any, message: Any, name: str, compute: Compute, target: str) ->
     log.info("task %s[%s] needs %s, %s: forwarded to %s", name, task_id, compute.describe(), why, target)
 
 
-def fail(task: Any, message: Any, error: NoQueueFits) -> None:
+def fail(task: Any, message: Any, error: ConfigurationError) -> None:
     """End the task with ``error`` stored as its result (its caller's ``.get()`` raises it)."""
     task_id = (message.headers or {}).get("id")
     log.error("task %s[%s] failed without running: %s", task.name, task_id, error)
@@ -126,7 +139,8 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
         headers = read_headers(message)
         declared = headers.compute.inherit(app.default_compute) if headers.compute is not None else inherited
         compute = app.resolve(task.name, declared)
-        verdict = decide(task.name, compute, source, catalog, intake, headers.forwarded)
+        tenant = headers.tenant if is_tenant(headers.tenant) else DEFAULT_TENANT
+        verdict = decide(task.name, compute, source, catalog, intake, headers.forwarded, str(tenant))
         if verdict is RUN:
             if (
                 packing is not None

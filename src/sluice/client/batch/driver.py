@@ -208,6 +208,7 @@ class Driver:
             headers=headers,
             argsrepr=f"({self.settings.run_id!r}, <{len(batch)} items>)",
             kwargsrepr="{}",
+            tenant=self.settings.tenant,
         )
         ids = [item["id"] for item in batch]
         # after the publish: a crash in between may dispatch these ids again on resume (the result

@@ -53,6 +53,7 @@ class RunOptions:
     rerun_failed: bool
     observe: bool
     quarantine_after: int
+    tenant: str | None = None
 
 
 def run_task_file(
@@ -246,6 +247,7 @@ def _run(
             retries=options.retries,
             quarantine_after=options.quarantine_after,
             rerun_failed=options.rerun_failed,
+            tenant=options.tenant,
         )
         driver = Driver(app, tf, store, run_settings, slots, on_record=printer, on_progress=on_progress, secret=secret)
         if not options.resume:

@@ -16,7 +16,8 @@ EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_BROKER_LOST = 0, 1, 130, 75
 @dataclass(frozen=True)
 class RunSettings:
     """How the driver runs: the run's name and queue, retries, the in-flight window and chunk cap,
-    quarantine after N infrastructure failures, and whether resume re-runs failed ids."""
+    quarantine after N infrastructure failures, whether resume re-runs failed ids, and the
+    tenant its chunks belong to (None: as any call finds its tenant, ``sluice.tenants``)."""
 
     run_id: str
     queue: str
@@ -25,6 +26,7 @@ class RunSettings:
     max_chunk: int = 1_000
     quarantine_after: int = 3
     rerun_failed: bool = False
+    tenant: str | None = None
 
 
 @dataclass

@@ -32,6 +32,7 @@ from sluice.signing import seal, unseal
 from sluice.tasks.remote.call import REMOTE_TASK, Call, Reply, python_version
 from sluice.tasks.remote.packages import environment_key, normalize_packages
 from sluice.tasks.remote.settings import remote_settings
+from sluice.tenants import check_tenant
 from sluice.units import format_size, parse_size
 
 P = ParamSpec("P")
@@ -105,9 +106,17 @@ class Budget:
 class RemoteFunction(Generic[P, R]):
     """A decorated function: call it, ``.spawn()``/``.delay()`` it, or ``.map()`` it over items."""
 
-    def __init__(self, function: Callable[P, R], packages: tuple[str, ...], budget: Budget, app: Any = None) -> None:
+    def __init__(
+        self,
+        function: Callable[P, R],
+        packages: tuple[str, ...],
+        budget: Budget,
+        app: Any = None,
+        tenant: str | None = None,
+    ) -> None:
         functools.update_wrapper(self, function)
         self.function = function
+        self.tenant = tenant  #: whose calls these are (None: as any call finds its tenant, sluice.tenants)
         self.packages = packages
         self.budget = budget
         self.app = app
@@ -143,9 +152,16 @@ class RemoteFunction(Generic[P, R]):
         # to a worker's own queue: if that worker dies first, the reaper moves the call home
         home = target.resource_class.name if target.worker is not None else None
         headers = Headers(compute=slot, sticky=home).encode()
+        tenant = {} if self.tenant is None else {"tenant": self.tenant}
         result = app.send_task(
-            task_name, args=[message], queue=target.queue, headers=headers, argsrepr=f"({self.name})", kwargsrepr="{}"
-        )  # Flower shows the name, not the payload
+            task_name,
+            args=[message],
+            queue=target.queue,
+            headers=headers,
+            argsrepr=f"({self.name})",  # Flower shows the name, not the payload
+            kwargsrepr="{}",
+            **tenant,
+        )
         return RemoteCall(result, self.name, app, bool(fields.get("stream")), source_file(self.function))
 
     delay = spawn
@@ -275,17 +291,21 @@ def remote(
     gpu_memory: int | str | None = None,
     max_gpu_memory: int | str | None = None,
     app: Any = None,
+    tenant: str | None = None,
 ) -> Any:
     """Decorate a function to run on a worker in a sandbox with ``packages`` installed.
 
     ``memory`` is the sandbox's starting limit (default: the ``remote_memory`` setting, 1Gi);
     it grows at 90% use up to ``max_memory``. ``gpu``/``gpu_memory`` send the call to a gpu
-    class. Everything is validated here, at decoration time.
+    class. ``tenant``: whose calls these are (default: as any call's, ``with sluice.tenant``
+    or the App's). Everything is validated here, at decoration time.
     """
 
     def decorate(fn: Callable[P, R]) -> RemoteFunction[P, R]:
         name = f"{fn.__module__}.{fn.__qualname__}"
         budget = Budget.of(name, memory, max_memory, gpu, gpu_memory, max_gpu_memory)
-        return RemoteFunction(fn, normalize_packages(packages), budget, app)
+        return RemoteFunction(
+            fn, normalize_packages(packages), budget, app, None if tenant is None else check_tenant(tenant)
+        )
 
     return decorate(function) if function is not None else decorate

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from queue import Empty
 from typing import Any
 
@@ -24,13 +25,74 @@ from kombu.utils.json import dumps, loads
 from redis.connection import ConnectionInterface
 from redis.exceptions import NoScriptError
 
-from sluice import keys
+from sluice.headers import CHARGE, SENT, TENANT
 from sluice.queues.broker import bells, scripts
 from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.broker.letters import DEAD_LETTER_CAP
 from sluice.queues.broker.moves import FETCH_DEPTH, SOURCE_QUEUE
+from sluice.tenants import DEFAULT_TENANT, TENANT_SEPARATOR
 
 log = logging.getLogger("sluice.transport")
+#: The transport option a sluice App sets to what the fetch script needs of each resource class:
+#: ``{queue: (one slot's charge, the tenants' shares)}`` (``ResourceClass.fetch_terms``).
+SHARES_OPTION = "sluice_shares"
+#: The transport option with the longest a message waits behind higher priorities of its
+#: tenant before it goes first (seconds; the ``priority_max_wait`` setting).
+PRIORITY_WAIT_OPTION = "sluice_priority_max_wait"
+
+
+@dataclass(frozen=True)
+class FetchCall:
+    """The keys and arguments of ``fetch.lua`` for some queues, in the order to try them (see
+    the script's header, the one description of them); the acks and the moment vary per call."""
+
+    keys: tuple[str, ...]
+    fixed: tuple[Any, ...]  #: the arguments after the first six, up to the acks
+    queues: tuple[str, ...]
+
+    @classmethod
+    def of(
+        cls,
+        layout: RedisLayout,
+        queues: Iterable[tuple[str, bool, tuple[str, str] | None]],
+        priority_wait: float = 0,
+    ) -> FetchCall:
+        """``queues``: each queue's name, whether its consumer takes no acks, and for a resource
+        class what the fetch needs of it (``ResourceClass.fetch_terms``; None for another queue);
+        ``priority_wait``: the longest a message waits behind higher priorities (0: no bound)."""
+        listed = list(queues)
+        script_keys = layout.unhold_keys()
+        per_queue: list[Any] = []
+        for queue, no_ack, terms in listed:
+            script_keys += [
+                layout.bell(queue),
+                layout.dead_letters(queue),
+                layout.dead_letter_count(queue),
+                layout.tenant_lines(queue),
+            ]
+            slot, shares = terms or ("", "")
+            per_queue += ["1" if no_ack else "0", queue, slot, shares]
+        fixed = (
+            layout.global_keyprefix,
+            layout.sep,
+            ",".join(str(step) for step in layout.priority_steps),
+            TENANT_SEPARATOR,
+            DEFAULT_TENANT,
+            TENANT,
+            CHARGE,
+            SENT,
+            priority_wait,
+            len(listed),
+            *per_queue,
+        )
+        return cls(tuple(script_keys), fixed, tuple(queue for queue, _, _ in listed))
+
+    def arguments(
+        self, now: float, woken: bool, deep_queue: str, depth: int, acks: Iterable[str] = ()
+    ) -> tuple[tuple[str, ...], list[Any]]:
+        """The keys and arguments of one fetch."""
+        head = [repr(now), "1" if woken else "0", DEAD_LETTER_CAP, bells.BELL_CAP, deep_queue, depth]
+        return self.keys, [*head, *self.fixed, *acks]
 
 
 class Fetching(kombu_redis.Channel):
@@ -54,15 +116,15 @@ class Fetching(kombu_redis.Channel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.fetched: set[str] = set()
         self._no_ack: set[str] = set()
-        self._fetch_layouts: dict[tuple[str, ...], tuple[list[str], list[str], list[str]]] = {}
-        self._lists: list[str] = []
+        self._fetch_calls: dict[tuple[str, ...], FetchCall] = {}
+        self._fetching: tuple[str, ...] = ()  #: the queues of the fetch in flight, in its order
         self._depth = 0  #: how deep the fetch in flight reads (see qos.FetchGate)
         super().__init__(*args, **kwargs)
 
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         no_ack = kwargs.get("no_ack", args[0] if args else False)
         (self._no_ack.add if no_ack else self._no_ack.discard)(queue)
-        self._fetch_layouts.clear()
+        self._fetch_calls.clear()
         return super().basic_consume(queue, *args, **kwargs)
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
@@ -75,18 +137,18 @@ class Fetching(kombu_redis.Channel):
         if self._expires and queue in self._expires:
             super()._put(queue, message, **kwargs)
             with self.conn_or_acquire() as client:
-                bells.ring(client.pipeline(transaction=False), keys.bell(queue)).execute()
+                bells.announce(client.pipeline(transaction=False), queue).execute()
             return
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         with self.conn_or_acquire() as client:
-            bells.ring(client.pipeline(transaction=False).lpush(key, dumps(message)), keys.bell(queue)).execute()
+            bells.announce(client.pipeline(transaction=False).lpush(key, dumps(message)), queue).execute()
 
     def _do_restore_message(
         self, payload: dict[str, Any], exchange: str, routing_key: str, pipe: Any, leftmost: bool = False
     ) -> None:
         super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
         for queue in self._lookup(exchange, routing_key):
-            bells.ring(pipe, keys.bell(queue))
+            bells.announce(pipe, queue)
 
     def _brpop_start(self, timeout: float | None = None) -> None:
         queues = self._queue_cycle.consume(len(self.active_queues))
@@ -106,45 +168,29 @@ class Fetching(kombu_redis.Channel):
             raise
 
     def _fetch_command(self, queues: list[str]) -> list[Any]:
-        lists, script_keys, per_list = self._fetch_layout(tuple(queues))
-        self._lists = lists
+        call = self._fetch_call(tuple(queues))
+        self._fetching = call.queues
         self._acks_in_flight = len(self.pending_acks)
         gate = self.qos.gate
         self._depth = (gate.depth() or 0) if gate is not None else 0
-        return [
-            "EVALSHA",
-            scripts.sha("fetch"),
-            len(script_keys),
-            *script_keys,
-            repr(time.time()),
-            "1" if self._woken else "0",
-            DEAD_LETTER_CAP,
-            bells.BELL_CAP,
-            gate.queue if gate else "",
-            self._depth,
-            *per_list,
-            *self.pending_acks,
-        ]
+        script_keys, args = call.arguments(
+            time.time(), self._woken, gate.queue if gate else "", self._depth, self.pending_acks
+        )
+        return ["EVALSHA", scripts.sha("fetch"), len(script_keys), *script_keys, *args]
 
-    def _fetch_layout(self, queues: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
-        """The fetch script's lists, keys and per-list arguments for ``queues`` in this order
-        (kept: a worker fetches from the same few orders of the same queues every time)."""
-        cached = self._fetch_layouts.get(queues)
-        if cached is not None:
-            return cached
-        layout = self.layout
-        lists = [(queue, self._q_for_pri(queue, pri)) for pri in self.priority_steps for queue in queues]
-        script_keys = [layout.unacked(), layout.unacked_index()]
-        for queue, name in lists:
-            script_keys += [
-                layout.key(name),
-                layout.bell(queue),
-                layout.dead_letters(queue),
-                layout.dead_letter_count(queue),
-            ]
-        per_list = [arg for queue, _ in lists for arg in ("1" if queue in self._no_ack else "0", queue)]
-        self._fetch_layouts[queues] = made = ([name for _, name in lists], script_keys, per_list)
-        return made
+    def _fetch_call(self, queues: tuple[str, ...]) -> FetchCall:
+        """The fetch script's call for ``queues`` in this order (kept: a worker fetches from the
+        same few orders of the same queues every time)."""
+        cached = self._fetch_calls.get(queues)
+        if cached is None:
+            options = self.connection.client.transport_options or {}
+            terms = options.get(SHARES_OPTION) or {}
+            cached = self._fetch_calls[queues] = FetchCall.of(
+                self.layout,
+                [(queue, queue in self._no_ack, terms.get(queue)) for queue in queues],
+                options.get(PRIORITY_WAIT_OPTION) or 0,
+            )
+        return cached
 
     def _brpop_read(self, **options: Any) -> bool:
         waited, connection = self._waiting, self.client.connection
@@ -177,15 +223,14 @@ class Fetching(kombu_redis.Channel):
             self._waiting = True
             raise Empty()
         number, raw, tag = taken
-        self._deliver_fetched(self._lists[int(number) - 1], raw, bytes_to_str(tag))
+        self._deliver_fetched(self._fetching[int(number) - 1], raw, bytes_to_str(tag))
         return True
 
-    def _deliver_fetched(self, name: str, raw: bytes, tag: str) -> None:
+    def _deliver_fetched(self, queue: str, raw: bytes, tag: str) -> None:
         """Hand a fetched message to its consumer; one that cannot be goes to the dead letters.
         Not on a no-ack queue (a control command's replies, an rpc:// result): its consumer
         took at-most-once, and the error reaches it as on kombu's transport (``inspect()``
         with JSON not accepted raises ContentDisallowed); nothing is left in Redis."""
-        queue = name.rsplit(self.sep, 1)[0]
         self._queue_cycle.rotate(queue)
         no_ack = queue in self._no_ack
         if not no_ack:

@@ -29,6 +29,9 @@ from kombu.exceptions import DecodeError
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 
 from sluice import entries, keys
+from sluice.compute import Compute
+from sluice.queues.broker import scripts
+from sluice.tenants import DEFAULT_TENANT, split_queue, tenant_queue
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,19 @@ class RedisLayout:
     def bell(self, queue: str) -> str:
         return self.key(keys.bell(queue))
 
+    def tenant_lines(self, queue: str) -> str:
+        return self.key(keys.tenant_lines(queue))
+
+    def held_charges(self) -> str:
+        return self.key(keys.HELD_CHARGES)
+
+    def tenant_usage(self) -> str:
+        return self.key(keys.TENANT_USAGE)
+
+    def unhold_keys(self) -> list[str]:
+        """The keys a script that lets held messages go names first (``lua/held.lua``'s ``unhold``)."""
+        return [self.unacked(), self.unacked_index(), self.held_charges(), self.tenant_usage()]
+
     def dead_letters(self, queue: str) -> str:
         return self.key(keys.dead_letters(queue))
 
@@ -115,21 +131,35 @@ class RedisLayout:
         return self.key(keys.stat("dead_letters", queue))
 
     def queue_lists(self, queue: str) -> list[str]:
-        """The Redis lists holding a queue's waiting messages, one per priority step."""
+        """The Redis lists holding one queue's waiting messages, one per priority step."""
         return [self.key(f"{queue}{self.sep}{step}" if step else queue) for step in self.priority_steps]
 
-    def queue_depth(self, client: redis.Redis, queue: str) -> int:
-        """Messages waiting in a queue (every priority list of it), in one round trip."""
+    def tenant_queues(self, client: redis.Redis, queue: str) -> dict[str, str]:
+        """Tenant -> the queue its messages for ``queue`` wait on: the queue's own (the default
+        tenant) and each tenant's listed in its tenant set (``sluice.tenants``)."""
+        listed = entries.decode_each("tenant", client.smembers(self.tenant_lines(queue)), entries.text)
+        return {DEFAULT_TENANT: queue, **{tenant: tenant_queue(queue, tenant) for tenant in sorted(listed)}}
+
+    def tenant_depths(self, client: redis.Redis, queue: str) -> dict[str, int]:
+        """Messages waiting in ``queue`` per tenant (every priority list of each), in two round trips."""
+        queues = self.tenant_queues(client, queue)
         pipe = client.pipeline(transaction=False)
-        for name in self.queue_lists(queue):
-            pipe.llen(name)
-        return sum(pipe.execute())
+        for name in queues.values():
+            for key in self.queue_lists(name):
+                pipe.llen(key)
+        lengths, steps = pipe.execute(), len(self.priority_steps)
+        return {tenant: sum(lengths[i * steps : (i + 1) * steps]) for i, tenant in enumerate(queues)}
+
+    def queue_depth(self, client: redis.Redis, queue: str) -> int:
+        """Messages waiting in a queue (every tenant's, every priority list of it)."""
+        return sum(self.tenant_depths(client, queue).values())
 
     def waiting(self, client: redis.Redis, queue: str, sample: int | None = None) -> list[dict[str, Any]]:
-        """Every message waiting in a queue (every priority list of it; with ``sample``, the first
-        that many of each list); one that does not decode is skipped."""
+        """Every message waiting in a queue (every tenant's, every priority list of it; with
+        ``sample``, the first that many of each list); one that does not decode is skipped."""
         end = -1 if sample is None else sample - 1
-        raws = [raw for name in self.queue_lists(queue) for raw in client.lrange(name, 0, end)]
+        lists = [key for name in self.tenant_queues(client, queue).values() for key in self.queue_lists(name)]
+        raws = [raw for name in lists for raw in client.lrange(name, 0, end)]
         return entries.decode_each("waiting message", raws, message_of)
 
     def waiting_task_ids(self, client: redis.Redis, queue: str) -> set[str | None]:
@@ -147,8 +177,22 @@ class RedisLayout:
         return self.held_entries(client)[0]
 
     def held_by_queue(self, client: redis.Redis) -> Counter[str]:
-        """How many messages workers hold, per queue they came from."""
-        return Counter(item.queue for item in self.held(client))
+        """How many messages workers hold, per queue they came from (a tenant's queue counting for its class)."""
+        return Counter(split_queue(item.queue)[0] for item in self.held(client))
+
+    def tenant_usage_of(self, client: redis.Redis) -> dict[tuple[str, str], Compute]:
+        """``(class queue, tenant)`` -> what the tenant's held messages charge there now
+        (``lua/held.lua``; an axis nothing is charged on is unset)."""
+        axes: dict[tuple[str, str], dict[str, int]] = {}
+        for field, value in entries.decode_each(
+            "tenant usage", client.hgetall(self.tenant_usage()).items(), _usage_entry
+        ):
+            queue, tenant, axis = field
+            axes.setdefault((queue, tenant), {})[axis] = value
+        return {
+            where: Compute.of(use.get("cpu") or None, use.get("memory") or None, use.get("gpu") or None)
+            for where, use in axes.items()
+        }
 
     def held_since(self, client: redis.Redis, tag: str | bytes) -> float | None:
         """When a held message was delivered (kombu's index), if it is still held."""
@@ -158,10 +202,7 @@ class RedisLayout:
         """Forget the held messages that came from ``queue`` (its workers are gone for good)."""
         tags = [item.tag for item in self.held(client) if item.queue == queue]
         if tags:
-            pipe = client.pipeline()
-            pipe.hdel(self.unacked(), *tags)
-            pipe.zrem(self.unacked_index(), *tags)
-            pipe.execute()
+            scripts.run(client, "ack", self.unhold_keys(), tags)
         return len(tags)
 
     def bound_queues(self, client: redis.Redis, exchange: str) -> list[str]:
@@ -170,6 +211,12 @@ class RedisLayout:
         return entries.decode_each(
             "queue binding", members, lambda member: entries.text(member).rsplit(self.sep, 1)[-1]
         )
+
+
+def _usage_entry(item: tuple[bytes | str, bytes | str]) -> tuple[tuple[str, str, str], int]:
+    """One field of the tenants' usage hash: ``<queue>\t<tenant>\t<axis>`` -> a whole number."""
+    queue, tenant, axis = entries.text(item[0]).split("\t")
+    return (queue, tenant, axis), int(item[1])
 
 
 #: A kombu queue (what Celery routes a message to when a name is not enough).

@@ -17,6 +17,7 @@ import redis
 from kombu.utils.json import dumps
 
 from sluice import entries
+from sluice.queues.broker import scripts
 from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.broker.moves import as_sent, source_queue
 
@@ -114,5 +115,4 @@ def _add_dead_letter(
     pipe.ltrim(layout.dead_letters(letter.queue), 0, DEAD_LETTER_CAP - 1)
     pipe.incr(layout.dead_letter_count(letter.queue))
     if held_tag is not None:
-        pipe.hdel(layout.unacked(), held_tag)
-        pipe.zrem(layout.unacked_index(), held_tag)
+        scripts.queue(pipe, "ack", layout.unhold_keys(), [held_tag])

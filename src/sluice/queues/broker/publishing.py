@@ -21,7 +21,6 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 from redis.connection import ConnectionInterface
 
-from sluice import keys
 from sluice.ids import new_id
 from sluice.queues.broker import bells
 
@@ -51,7 +50,7 @@ class BellBatch(kombu_redis.PublishBatch):
 
     def flush(self) -> None:
         for queue, count in self.bells.items():
-            bells.ring_times(self.pipeline, keys.bell(queue), count)
+            bells.announce(self.pipeline, queue, count)
         self.bells.clear()
         super().flush()
 

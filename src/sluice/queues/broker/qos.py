@@ -10,10 +10,16 @@ next through a :class:`FetchGate`, installed with :func:`install_gate`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
+
+from sluice.queues.broker import scripts
+from sluice.queues.broker.layout import RedisLayout
 
 log = logging.getLogger("sluice.transport")
 
@@ -64,6 +70,23 @@ class ReliableQoS(kombu_redis.QoS):
         if channel._waiting or not channel.active_queues or channel.closed:
             channel.flush_acks()
 
+    def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
+        """kombu's restore of a held message (a closing channel, the visibility timeout, the
+        orphan reaper), as one atomic move that lets its tenant's charge go with it
+        (``Forwarding.restore_held``); an entry that does not read goes kombu's way."""
+        channel = self.channel
+        with channel.conn_or_acquire(client) as conn:
+            entry = conn.hget(self.unacked_key, tag)
+        if entry is None:
+            return  # no longer held: acknowledged or restored meanwhile
+        try:
+            message, exchange, routing_key = loads(bytes_to_str(entry))
+            channel.restore_held(tag, message, exchange, routing_key, leftmost)
+        except channel.connection_errors:
+            raise
+        except Exception:
+            super().restore_by_tag(tag, client, leftmost)
+
     def restore_unacked(self, client: Any = None) -> None:
         """kombu's (a closing channel, or its process exiting, puts back what it holds), after
         the acknowledgements still pending are sent: an acknowledged message is never put back."""
@@ -92,6 +115,10 @@ class AckCarrying(kombu_redis.Channel):
     """The channel's side of :class:`ReliableQoS`: the acks no fetch has carried yet."""
 
     QoS = ReliableQoS
+    layout: RedisLayout
+    _plain_client: Callable[[], Any]  #: a client naming keys in full (``Forwarding``)
+    #: Puts a held message back on its queue atomically (``Forwarding``).
+    restore_held: Callable[[str, dict[str, Any], str, str, bool], None]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         #: Tags acknowledged here and not yet in Redis (see ``ReliableQoS.ack``); the fetch in
@@ -109,8 +136,7 @@ class AckCarrying(kombu_redis.Channel):
         if not tags:
             return
         try:
-            with self.conn_or_acquire() as client:
-                client.pipeline().zrem(self.unacked_index_key, *tags).hdel(self.unacked_key, *tags).execute()
+            scripts.run(self._plain_client(), "ack", self.layout.unhold_keys(), tags)
         except self.connection_errors:
             log.warning("could not acknowledge %d message(s) in Redis: unreachable; will try again", len(tags))
             return

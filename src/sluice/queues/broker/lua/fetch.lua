@@ -1,18 +1,38 @@
--- Reliable fetch: take the next message off a worker's queue lists and record it as held, in one
+-- Reliable fetch: take the next message off a worker's queues and record it as held, in one
 -- atomic step, so a message is always in Redis: in a queue, in kombu's unacked hash, or in a
 -- dead-letter list. (kombu's BRPOP removes it first and records it from Python afterwards.)
+-- The arguments are built in one place, sluice.queues.broker.fetching.FetchCall.
 --
--- KEYS[1] kombu's unacked hash, KEYS[2] its unacked index (sorted set by delivery time), then
--- four keys per queue list, in the order to try them: the list, its queue's bell, its queue's
--- dead-letter list, its queue's dead-letter counter.
+-- KEYS[1] kombu's unacked hash, KEYS[2] its unacked index (sorted set by delivery time), KEYS[3]
+-- the held messages' charges, KEYS[4] the tenants' usage (held.lua), then four keys per queue, in
+-- the order to try them: its bell, its dead-letter list, its dead-letter counter, its tenant set.
 -- ARGV[1] now (seconds), ARGV[2] "1" when a bell ring woke this fetch (its token is spent),
--- ARGV[3] the dead-letter list cap, ARGV[4] the bell cap, ARGV[5] a queue whose lists are read
--- ARGV[6] messages deep ("0": at the head, as always; more: a packed worker backfilling past
--- messages it has no room for, see sluice.workers.packing), then two per list: "1" for a no-ack
--- consumer (the message is only popped, as kombu does for no_ack) or "0", and the list's queue
--- name; then the delivery tags of messages the worker has acknowledged since its last fetch,
--- removed from the unacked hash and index first (kombu's ack, carried by the fetch: a round
--- trip fewer per task).
+-- ARGV[3] the dead-letter list cap, ARGV[4] the bell cap, ARGV[5] a queue read deep and ARGV[6]
+-- how deep ("0": at the head, as always; more: a packed worker backfilling past messages it has
+-- no room for, see sluice.workers.packing; its class's own lines only), ARGV[7] the key prefix,
+-- ARGV[8] kombu's separator and ARGV[9] its priority steps ("0,3,6,9": a queue's lists, read in
+-- that order), ARGV[10] the separator of a tenant's queue, ARGV[11] the default tenant, ARGV[12]
+-- and ARGV[13] the tenant and charge headers, ARGV[14] the publish-time header and ARGV[15] the
+-- longest a message waits behind higher priorities of its tenant ("0": no bound), ARGV[16] the
+-- number of queues; then four per
+-- queue: "1" for a no-ack consumer (the message is only popped, as kombu does for no_ack) or
+-- "0"; the queue's name; for a resource class, the charge of one slot ("<millicores> <bytes>
+-- <gpus>") and the tenants' shares ("<tenant> <weight> <cpu cap> <memory cap> <gpu cap> ...",
+-- "-" for no cap), "" for any other queue (taken first-in first-out, nothing charged); then the
+-- delivery tags of messages the worker has acknowledged since its last fetch, forgotten first
+-- (kombu's ack, carried by the fetch: a round trip fewer per task).
+--
+-- A resource class's next message comes from the tenant (the default one on the class's own
+-- queue, each other on its tenant queue) with the lowest weighted dominant share of what its
+-- held messages charge (dominant-resource fairness over cpu, memory and gpu, in slots of the
+-- class), among those with a message waiting whose charge fits under their quota; inside a
+-- tenant, the lowest priority step first, then first in, first out, except that a message at the
+-- head of a later step that has waited past the bound (by its publish-time header) goes first,
+-- the longest-waiting of such first, so no priority starves. A message on the class's own
+-- queue that names another tenant (a plain Celery producer's header, or one put back there) is
+-- moved to its tenant's queue and the choice made again. A taken message's charge (its charge
+-- header, else one slot) is recorded with it (held.lua). A message whose charge alone is over
+-- its tenant's quota could never fit: it is taken, and admission on the worker fails it.
 --
 -- A publish pushes one bell token and does not trim (one command less on every .delay()): the
 -- fetch that takes a message spends a token and trims the bell to its cap, so a bell holds at
@@ -24,7 +44,8 @@
 -- sluice.queues.broker.letters.DeadLetter; a test holds the two equal) and the search goes on;
 -- on a no-ack consumer's list (a control command's replies) it is dropped instead, as kombu would
 -- have popped it and failed to read it, and nothing is left behind.
--- Returns {dead} when nothing could be taken, else {dead, list number (1-based), raw, tag}.
+-- Returns {dead} when nothing could be taken, else {dead, queue number (1-based), raw, tag}.
+-- include held.lua
 
 -- The position of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong
 -- forms, no surrogates, nothing past U+10FFFF; what Python's strict decoder refuses), or nil.
@@ -72,21 +93,47 @@ local function envelope(raw)
   if type(exchange) ~= 'string' or type(routing_key) ~= 'string' then
     return nil, 'no "delivery_info.exchange" and "routing_key" strings'
   end
-  return tag, exchange, routing_key
+  local headers = message['headers']
+  return tag, exchange, routing_key, type(headers) == 'table' and headers or {}
 end
 
+local UNACKED, INDEX, CHARGES, USAGE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now, woken, cap, bell_cap = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
 local deep_queue, depth = ARGV[5], tonumber(ARGV[6])
-local lists = (#KEYS - 2) / 4
-for j = 7 + 2 * lists, #ARGV do
-  redis.call('ZREM', KEYS[2], ARGV[j])
-  redis.call('HDEL', KEYS[1], ARGV[j])
-end
+local prefix, sep, tenant_sep, default_tenant = ARGV[7], ARGV[8], ARGV[10], ARGV[11]
+local tenant_header, charge_header = ARGV[12], ARGV[13]
+local steps = {}
+for step in string.gmatch(ARGV[9], '[^,]+') do steps[#steps + 1] = step end
+local sent_header, max_wait = ARGV[14], tonumber(ARGV[15])
+local queues = tonumber(ARGV[16])
+local FIRST = 17  -- the first argument of the first queue
+for j = FIRST + 4 * queues, #ARGV do unhold(UNACKED, INDEX, CHARGES, USAGE, ARGV[j]) end
+
 local dead, malformed = 0, 0  -- dead-lettered; and dropped too (one fetch reads at most 100 such)
-for i = 1, lists do
-  local list, bell, dead_list, dead_count = KEYS[4 * i - 1], KEYS[4 * i], KEYS[4 * i + 1], KEYS[4 * i + 2]
-  local deep = depth > 0 and ARGV[6 + 2 * i] == deep_queue
-  while true do
+
+-- The lists of the queue named `base` (in full), one per priority step, in the order read.
+local function lists_of(base)
+  local lists = {}
+  for s = 1, #steps do lists[s] = steps[s] == '0' and base or base .. sep .. steps[s] end
+  return lists
+end
+
+-- {millicores, bytes, gpus} as strings from "<m> <b> <g>", or nil.
+local function parse_charge(text)
+  if type(text) ~= 'string' then return nil end
+  local m, b, g = string.match(text, '^(%d+) (%d+) (%d+)$')
+  return m and {m, b, g} or nil
+end
+
+local function is_tenant(name)
+  return type(name) == 'string' and #name <= 64 and string.match(name, '^[%w][%w%._%-]*$') ~= nil
+end
+
+-- The next well-formed message of `list` of queue `i` (its head, or `depth` deep), with its tag,
+-- exchange, routing key and headers; a malformed one on the way goes to the dead letters.
+local function pop(i, list, deep)
+  local a = FIRST + 4 * (i - 1)
+  while malformed < 100 do
     local raw
     if deep then
       raw = redis.call('LINDEX', list, -1 - depth)
@@ -94,28 +141,148 @@ for i = 1, lists do
     else
       raw = redis.call('RPOP', list)
     end
-    if not raw then break end
-    local tag, exchange, routing_key = envelope(raw)  -- or nil and the reason
-    if tag then
-      if not woken then redis.call('RPOP', bell) end
-      redis.call('LTRIM', bell, 0, bell_cap - 1)
-      if ARGV[5 + 2 * i] ~= '1' then
-        redis.call('ZADD', KEYS[2], now, tag)
-        redis.call('HSET', KEYS[1], tag,
-          '[' .. raw .. ',' .. cjson.encode(exchange) .. ',' .. cjson.encode(routing_key) .. ']')
-      end
-      return {dead, i, raw, tag}
-    end
-    if ARGV[5 + 2 * i] ~= '1' then  -- a no-ack consumer's (replies) is dropped, as kombu's would be
-      local reason = exchange
-      local header = cjson.encode({reason = reason, queue = ARGV[6 + 2 * i], at = tonumber(now)})
-      redis.call('LPUSH', dead_list, header .. '\n' .. raw)
-      redis.call('LTRIM', dead_list, 0, cap - 1)
-      redis.call('INCR', dead_count)
+    if not raw then return nil end
+    local tag, exchange, routing_key, headers = envelope(raw)  -- or nil and the reason
+    if tag then return raw, tag, exchange, routing_key, headers end
+    if ARGV[a] ~= '1' then  -- a no-ack consumer's (replies) is dropped, as kombu's would be
+      local header = cjson.encode({reason = exchange, queue = ARGV[a + 1], at = tonumber(now)})
+      redis.call('LPUSH', KEYS[4 * i + 2], header .. '\n' .. raw)
+      redis.call('LTRIM', KEYS[4 * i + 2], 0, cap - 1)
+      redis.call('INCR', KEYS[4 * i + 3])
       dead = dead + 1
     end
     malformed = malformed + 1
-    if malformed >= 100 then return {dead} end
   end
+  return nil
+end
+
+-- Record a taken message as held (with its tenant's charge, on a resource class) and spend a bell token.
+local function hold(i, raw, tag, exchange, routing_key, tenant, charge)
+  if not woken then redis.call('RPOP', KEYS[4 * i + 1]) end
+  redis.call('LTRIM', KEYS[4 * i + 1], 0, bell_cap - 1)
+  if ARGV[FIRST + 4 * (i - 1)] == '1' then return end
+  redis.call('ZADD', INDEX, now, tag)
+  redis.call('HSET', UNACKED, tag, '[' .. raw .. ',' .. cjson.encode(exchange) .. ',' .. cjson.encode(routing_key) .. ']')
+  if charge then hold_charge(CHARGES, USAGE, tag, ARGV[FIRST + 4 * (i - 1) + 1], tenant, charge) end
+end
+
+-- A queue that is not a resource class (no slot), a no-ack one, or a deep read: its own lists in order.
+local function take_plain(i, deep)
+  local a = FIRST + 4 * (i - 1)
+  for _, list in ipairs(lists_of(prefix .. ARGV[a + 1])) do
+    local raw, tag, exchange, routing_key = pop(i, list, deep)
+    if raw then
+      hold(i, raw, tag, exchange, routing_key, default_tenant, parse_charge(ARGV[a + 2]))
+      return raw, tag
+    end
+  end
+  return nil
+end
+
+-- The list of a tenant's `lists` (one per priority step, in order) to take from next: the first
+-- that is not empty, unless the head of a later one has waited past the bound (the longest-
+-- waiting such head's list, then); nil when all are empty.
+local function next_list(lists)
+  local first, overdue, oldest
+  for _, list in ipairs(lists) do
+    if redis.call('LLEN', list) > 0 then
+      if not first then
+        first = list
+        if max_wait <= 0 then return first end
+      else
+        local ok, message = pcall(cjson.decode, redis.call('LINDEX', list, -1))
+        local headers = ok and type(message) == 'table' and message['headers']
+        local sent = type(headers) == 'table' and tonumber(headers[sent_header])
+        if sent and tonumber(now) - sent > max_wait and (not oldest or sent < oldest) then
+          overdue, oldest = list, sent
+        end
+      end
+    end
+  end
+  return overdue or first
+end
+
+-- A resource class: the tenant with the lowest weighted dominant share first (see the top).
+local function take_fair(i)
+  local a = FIRST + 4 * (i - 1)
+  local queue, slot, tenants = ARGV[a + 1], parse_charge(ARGV[a + 2]), KEYS[4 * i + 4]
+  local shares = {}
+  for name, weight, c, m, g in string.gmatch(ARGV[a + 3], '(%S+) (%S+) (%S+) (%S+) (%S+)') do
+    shares[name] = {tonumber(weight), tonumber(c), tonumber(m), tonumber(g)}
+  end
+  local function used(tenant)
+    local fields = {}
+    for k = 1, 3 do fields[k] = usage_field(queue, tenant, AXES[k]) end
+    local values = redis.call('HMGET', USAGE, fields[1], fields[2], fields[3])
+    return {tonumber(values[1]) or 0, tonumber(values[2]) or 0, tonumber(values[3]) or 0}
+  end
+  local blocked = {}
+  for _ = 1, 200 do  -- each round takes a message, or moves, blocks or buries one
+    local names = redis.call('SMEMBERS', tenants)
+    names[#names + 1] = default_tenant
+    local best, best_share, best_list
+    for _, name in ipairs(names) do
+      if not blocked[name] then
+        local base = prefix .. queue
+        if name ~= default_tenant then base = base .. tenant_sep .. name end
+        local first = next_list(lists_of(base))
+        if first then
+          local use, share = used(name), 0
+          for k = 1, 3 do
+            local size = tonumber(slot[k])
+            if size > 0 and use[k] / size > share then share = use[k] / size end
+          end
+          share = share / ((shares[name] or {})[1] or 1)
+          if not best or share < best_share or (share == best_share and name < best) then
+            best, best_share, best_list = name, share, first
+          end
+        elseif name ~= default_tenant then
+          redis.call('SREM', tenants, name)  -- listed again by the next push to its queue
+        end
+      end
+    end
+    if not best then return nil end
+    local raw, tag, exchange, routing_key, headers = pop(i, best_list, false)
+    if raw then
+      local named = headers[tenant_header]
+      local step = string.match(best_list, sep .. '(%d+)$')
+      if best == default_tenant and named ~= default_tenant and is_tenant(named) then
+        local home = prefix .. queue .. tenant_sep .. named
+        redis.call('RPUSH', step and home .. sep .. step or home, raw)  -- at the head of its tenant's line
+        redis.call('SADD', tenants, named)
+      else
+        local charge = parse_charge(headers[charge_header]) or slot
+        local use, fits = used(best), true
+        local quota = shares[best] or {}
+        for k = 1, 3 do  -- one that could never fit is taken, for the worker to fail it (OverQuota)
+          local cap, need = quota[k + 1], tonumber(charge[k])
+          if cap and need <= cap and use[k] + need > cap then fits = false end
+        end
+        if fits then
+          hold(i, raw, tag, exchange, routing_key, best, charge)
+          return raw, tag
+        end
+        redis.call('RPUSH', best_list, raw)  -- back at the head: it waits for its tenant's usage to fall
+        blocked[best] = true
+      end
+    elseif malformed >= 100 then
+      return nil
+    end
+  end
+  return nil
+end
+
+for i = 1, queues do
+  local a = FIRST + 4 * (i - 1)
+  local raw, tag
+  if depth > 0 and ARGV[a + 1] == deep_queue then
+    raw, tag = take_plain(i, true)
+  elseif ARGV[a] == '1' or ARGV[a + 2] == '' then
+    raw, tag = take_plain(i, false)
+  else
+    raw, tag = take_fair(i)
+  end
+  if raw then return {dead, i, raw, tag} end
+  if malformed >= 100 then return {dead} end
 end
 return {dead}
