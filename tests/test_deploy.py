@@ -216,7 +216,7 @@ def test_a_scaled_object_sums_a_trigger_per_list_of_every_tenant_the_class_names
     modifiers, of a trigger on each priority list of its own queue and of each named tenant's."""
     gpu = next(so for so in SHARED_FILES["keda.yaml"][1:] if so["metadata"]["name"] == "sluice-worker-gpu")
     triggers = gpu["spec"]["triggers"]
-    lists = [list_ for queue in ("gpu", "gpu:team-a", "gpu:team-b") for list_ in RedisLayout().queue_lists(queue)]
+    lists = [list_ for queue in ("gpu", "gpu~team-a", "gpu~team-b") for list_ in RedisLayout().queue_lists(queue)]
     assert [t["metadata"]["listName"] for t in triggers] == lists
     modifiers = gpu["spec"]["advanced"]["scalingModifiers"]
     assert modifiers["formula"] == " + ".join(t["name"] for t in triggers)

@@ -57,7 +57,7 @@ def test_a_late_tenant_starts_within_a_few_rounds_while_another_has_two_thousand
     light_between = starts[before:last_late].count("light")
     assert starts.count("late") == 10
     assert light_between <= 40, f"{light_between} of light's tasks started before late's 10 had all started"
-    assert redis_client.llen("cpu:light") > 1000          # light's backlog was still deep all along
+    assert redis_client.llen("cpu~light") > 1000          # light's backlog was still deep all along
 
 
 def test_weights_one_and_three_share_the_slots_a_quarter_and_three_quarters(
@@ -110,7 +110,7 @@ def test_usage_is_exactly_zero_when_idle_after_a_worker_sigkill_and_an_escalatio
     first.wait(10)
     workers.start("tests.apps.ladder", "small", "second", *args, env=fast)
     grown = ladder.grows.apply_async((200,), tenant="light")
-    assert grown.get(timeout=60)["queue"] == "medium:light"    # escalated, still light's
+    assert grown.get(timeout=60)["queue"] == "medium~light"    # escalated, still light's
     assert [step.get(timeout=60, propagate=False) and step.state for step in steps] == ["SUCCESS"] * 4
     wait_for(lambda: not redis_client.hlen(keys.HELD_CHARGES), 30, "every charge to be released")
     assert redis_client.hgetall(keys.TENANT_USAGE) == {}
@@ -149,7 +149,8 @@ def test_a_plain_celery_producers_tenant_header_survives_the_intake_and_its_quot
         tenants: ModuleType, workers: Workers, redis_client: redis.Redis, redis_server: EmbeddedRedis) -> None:
     """Three naps from a stock Celery client, to Celery's default queue with only the one header
     line: the worker's admission forwards each to the cpu class keeping the tenant, and they run
-    as capped's (the held charges say so), never two at once (capped's quota is one slot)."""
+    as capped's (the held charges say so), never two at once (capped's quota is one slot); once
+    idle, no usage is left."""
     from celery import Celery
 
     producer = Celery("plain.producer", broker=redis_server.url, backend=redis_server.url)
@@ -164,3 +165,38 @@ def test_a_plain_celery_producers_tenant_header_survives_the_intake_and_its_quot
         time.sleep(0.01)
     assert [nap.get(timeout=1) for nap in naps] == ["plain"] * 3
     assert most["capped"] == 1 and set(most) <= {"capped", "default"}, most
+    wait_for(lambda: not redis_client.hlen(keys.HELD_CHARGES), 30, "every charge to be released")
+    assert redis_client.hgetall(keys.TENANT_USAGE) == {}      # forwarded, then run: nothing left over
+
+
+def test_every_count_of_a_class_counts_every_tenants_messages(tenants: ModuleType, redis_client: redis.Redis) -> None:
+    """Five waiting for cpu: two of the default tenant's, three of light's (one of them sent with
+    a priority). sluice status, sluice metrics, kombu's size (Celery's view of a queue) and
+    `celery purge` all see five; the tenants table shows light's three against its weight."""
+    from prometheus_client import generate_latest
+    from prometheus_client.core import CollectorRegistry
+
+    from sluice.deploy.metrics import ClassMetrics, TenantMetrics
+    from sluice.queues.status import class_status, tenant_status
+
+    tenants.nap.delay_many([("default", 0)] * 2)
+    tenants.nap.delay_many([("light", 0)] * 2, tenant="light")
+    tenants.nap.apply_async(("light", 0), tenant="light", priority=6)
+    catalog = tenants.app.catalog
+    (cpu,) = [row for row in class_status(redis_client, catalog) if row.resource_class.name == "cpu"]
+    assert cpu.queued == 5
+    rows = {(row.queue, row.tenant): row for row in tenant_status(redis_client, catalog)}
+    assert rows[("cpu", "light")].waiting == 3 and rows[("cpu", "light")].share.weight == 1
+    assert rows[("cpu", "default")].waiting == 2 and rows[("cpu", "heavy")].waiting == 0
+    registry = CollectorRegistry()
+    registry.register(ClassMetrics(redis_client, catalog))
+    registry.register(TenantMetrics(redis_client, catalog))
+    text = generate_latest(registry).decode()
+    assert 'sluice_queued{resource_class="cpu"} 5.0' in text
+    assert 'sluice_tenant_waiting{resource_class="cpu",tenant="light"} 3.0' in text
+    assert 'sluice_tenant_quota{resource="cpu",resource_class="cpu",tenant="capped"} 1.0' in text
+    with tenants.app.connection_for_write() as connection:
+        channel = connection.default_channel
+        assert channel._size("cpu") == 5
+        assert channel._purge("cpu") == 5
+    assert [row.queued for row in class_status(redis_client, catalog) if row.resource_class.name == "cpu"] == [0]

@@ -54,18 +54,18 @@ def test_the_tenant_argument_header_context_and_app_default_are_taken_in_that_or
     task = _task(app, "t.order")
     assert _route(app, task)[0] == tenant_queue("cpu", "app-wide")
     with sluice.tenant("ctx"):
-        assert _route(app, task)[0] == "cpu:ctx"
-        assert _route(app, task, headers={TENANT: "hdr"})[0] == "cpu:hdr"
+        assert _route(app, task)[0] == "cpu~ctx"
+        assert _route(app, task, headers={TENANT: "hdr"})[0] == "cpu~hdr"
         queue, headers = _route(app, task, tenant="arg", headers={TENANT: "hdr"})
-        assert queue == "cpu:arg" and headers[TENANT] == "arg"
+        assert queue == "cpu~arg" and headers[TENANT] == "arg"
     assert _route(app, task, tenant="default")[0] == "cpu"   # the default tenant: the class's own queue
 
 
 def test_an_explicit_class_queue_becomes_the_tenants_queue_of_it(app: App) -> None:
     """As an escalated retry is sent: to a named class, its tenant in its headers."""
     task = _task(app, "t.retried")
-    assert _route(app, task, queue="highmem", headers={TENANT: "team-a"})[0] == "highmem:team-a"
-    assert _route(app, task, queue="highmem:team-a", headers={TENANT: "team-a"})[0] == "highmem:team-a"
+    assert _route(app, task, queue="highmem", headers={TENANT: "team-a"})[0] == "highmem~team-a"
+    assert _route(app, task, queue="highmem~team-a", headers={TENANT: "team-a"})[0] == "highmem~team-a"
 
 
 def test_a_call_with_a_priority_carries_its_publish_time_for_aging(app: App) -> None:
@@ -79,6 +79,7 @@ def test_a_tenant_queue_splits_back_into_its_class_and_tenant() -> None:
     assert split_queue(tenant_queue("gpu", "team-a")) == ("gpu", "team-a")
     assert split_queue("gpu") == ("gpu", "default")
     assert split_queue("celery@host.dq2") == ("celery@host.dq2", "default")
+    assert split_queue("myapp:emails") == ("myapp:emails", "default")       # a Celery user's own naming
 
 
 @pytest.mark.parametrize("name", ["", "a b", "é", "x" * 65, "-lead", "a:b", 3])
@@ -97,7 +98,7 @@ def test_a_task_larger_than_its_tenants_quota_is_refused_at_publish(app: App) ->
     task = _task(app, "t.huge", compute=Compute(gpu=1, memory="48Gi"))
     with pytest.raises(OverQuota, match=r"tenant 'team-a'.*quota there \(memory=32Gi gpu=2\).*on memory"):
         _route(app, task, tenant="team-a")
-    assert _route(app, task, tenant="team-b")[0] == "gpu:team-b"   # no quota for team-b
+    assert _route(app, task, tenant="team-b")[0] == "gpu~team-b"   # no quota for team-b
 
 
 def test_shares_are_read_from_sluice_toml_per_class(tmp_path: Path) -> None:

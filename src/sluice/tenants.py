@@ -4,7 +4,7 @@ A call's tenant is, first found: ``apply_async(tenant=...)`` (or ``delay_many(te
 the innermost ``with sluice.tenant(...)``, the App's ``tenant=`` default, else
 :data:`DEFAULT_TENANT`. It travels in the ``sluice_tenant`` header (``sluice.headers``), and a
 message of a tenant other than the default one waits on its own queue, :func:`tenant_queue`
-(the class's name, ``@``-free, then ``:``, then the tenant), so kombu keeps it, restores it and
+(the class's name, then ``~``, then the tenant), so kombu keeps it, restores it and
 counts it as any queue, with its priority lists. Workers consume the class; the fetch script
 picks which tenant's line a worker takes from next (``sluice.queues.broker.lua.fetch``).
 """
@@ -23,8 +23,9 @@ from sluice.errors import ConfigurationError, OverQuota
 
 #: The tenant of a call that names none (its messages wait on the class's own queue).
 DEFAULT_TENANT = "default"
-#: Between a class and a tenant in a tenant's queue name (no class name holds it, see catalog).
-TENANT_SEPARATOR = ":"
+#: Between a class and a tenant in a tenant's queue name: no class name holds it (see catalog),
+#: and unlike ``:`` or ``.`` hardly any Celery queue name does.
+TENANT_SEPARATOR = "~"
 MAX_TENANT_LENGTH = 64
 #: The largest weight a tenant may be given (a larger one is a typo).
 MAX_WEIGHT = 1000

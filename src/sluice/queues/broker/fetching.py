@@ -104,6 +104,7 @@ class Fetching(kombu_redis.Channel):
     flush_acks: Callable[[], None]  #: sends the acks no fetch carried (``qos.AckCarrying``)
     #: Keeps a fetched message that could not be delivered as a dead letter (``forwarding``).
     dead_letter_fetched: Callable[[str, str, bytes, Exception], None]
+    _plain_client: Callable[[], Any]  #: a client naming keys in full (``forwarding``)
     #: The next poll command: the fetch script (False) or a wait on the bells (True).
     _waiting = False
     #: A bell token was taken by the wait that preceded this fetch.
@@ -142,6 +143,19 @@ class Fetching(kombu_redis.Channel):
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         with self.conn_or_acquire() as client:
             bells.announce(client.pipeline(transaction=False).lpush(key, dumps(message)), queue).execute()
+
+    def _size(self, queue: str) -> int:
+        """kombu's size of a queue, counting each tenant's queue of it too (``sluice.tenants``)."""
+        size = super()._size  # bound here: a generator has no zero-argument super()
+        return sum(size(name) for name in self._and_tenants(queue))
+
+    def _purge(self, queue: str) -> int:
+        """kombu's purge of a queue (``celery purge``), each tenant's queue of it included."""
+        purge = super()._purge
+        return sum(purge(name) for name in self._and_tenants(queue))
+
+    def _and_tenants(self, queue: str) -> list[str]:
+        return list(self.layout.tenant_queues(self._plain_client(), queue).values())
 
     def _do_restore_message(
         self, payload: dict[str, Any], exchange: str, routing_key: str, pipe: Any, leftmost: bool = False
