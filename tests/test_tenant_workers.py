@@ -200,3 +200,22 @@ def test_every_count_of_a_class_counts_every_tenants_messages(tenants: ModuleTyp
         assert channel._size("cpu") == 5
         assert channel._purge("cpu") == 5
     assert [row.queued for row in class_status(redis_client, catalog) if row.resource_class.name == "cpu"] == [0]
+
+
+def test_inside_a_tenant_priorities_hold_and_aging_ends_the_starvation_of_a_low_one(
+        tenants: ModuleType, workers: Workers, redis_client: redis.Redis) -> None:
+    """One slot, a bound of 2 s (``priority_max_wait``): behind a blocker, light queues 2 naps of
+    priority 9, then 10 of priority 0 (0.3 s each). The first to start after the blocker is a
+    priority-0 one; the priority-9 ones, overdue after 2 s, start before the last priority-0 ones."""
+    workers.start("tests.apps.tenants", "cpu", "aging", "-c", "1", "--without-mingle", "--without-gossip",
+                  env={"SLUICE_PRIORITY_MAX_WAIT": "2"})
+    blocker = tenants.nap.apply_async(("block", 0.5), tenant="light")
+    wait_for(lambda: redis_client.llen(tenants.STARTS) >= 1, 30, "the blocker to start")
+    low = [tenants.nap.apply_async(("low", 0.3), tenant="light", priority=9) for _ in range(2)]
+    high = [tenants.nap.apply_async(("high", 0.3), tenant="light", priority=0) for _ in range(10)]
+    for call in (blocker, *low, *high):
+        call.get(timeout=60)
+    starts = _starts(redis_client, tenants)
+    assert starts[:2] == ["block", "high"], starts
+    last_low = max(i for i, label in enumerate(starts) if label == "low")
+    assert last_low < max(i for i, label in enumerate(starts) if label == "high"), starts
