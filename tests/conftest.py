@@ -254,7 +254,7 @@ def fetch_by_hand(channel: Any, queue: str) -> str:
     """Take the next message of ``queue`` with the channel's fetch script, recorded as held on
     the channel as its delivery records it, read here instead of by the channel's reply
     handler (which would hand it to a consumer); its delivery tag."""
-    _, _, _, raw = channel.client.execute_command(*channel._fetch_command([queue]))
+    _, _, _, raw, _ = channel.client.execute_command(*channel._fetch_command([queue]))
     del channel.pending_acks[: channel._acks_in_flight]  # that fetch carried them into Redis
     channel._acks_in_flight = 0
     tag = raw.decode()

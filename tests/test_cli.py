@@ -17,7 +17,7 @@ def sluice(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT), "COLUMNS": "200"} | env)
 
 
-COMMANDS = ["autoscale", "check", "compute", "dead-letters", "demo", "deploy", "explain", "metrics", "profile", "runs",
+COMMANDS = ["autoscale", "check", "compute", "dead-letters", "demo", "deploy", "explain", "metrics", "profile", "revoke", "runs",
             "status", "up", "worker"]
 
 

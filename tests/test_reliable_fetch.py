@@ -217,7 +217,7 @@ def test_a_malformed_message_on_a_no_ack_consumers_list_is_dropped_not_kept(
     with basic_app.app.connection_for_write() as connection:
         channel = consuming_channel(connection, queue, 1, no_ack=True)
         redis_client.rpush(queue, b"not json")  # at the tail: the next fetch meets it first
-        dead, _, raw, _ = channel.client.execute_command(*channel._fetch_command([queue]))
+        dead, _, raw, _, _ = channel.client.execute_command(*channel._fetch_command([queue]))
         assert dead == 0 and json.loads(raw)["body"]
         assert redis_client.llen(queue) == 0
         assert not redis_client.exists(LAYOUT.dead_letters(queue), LAYOUT.dead_letter_count(queue))
@@ -267,7 +267,7 @@ def test_a_publish_adds_one_bell_token_and_the_next_fetch_trims_the_bell_to_its_
         for n in range(BELL_CAP + extra):
             producer.publish({"n": n}, routing_key=queue, declare=[Queue(queue)], serializer="json")
         assert redis_client.llen(keys.bell(queue)) == BELL_CAP + extra
-        dead, number, raw, tag = channel.client.execute_command(*channel._fetch_command([queue]))
+        dead, number, raw, tag, _revoked = channel.client.execute_command(*channel._fetch_command([queue]))
     assert dead == 0 and number == 1 and json.loads(raw)["properties"]["delivery_tag"] == tag.decode()
     assert redis_client.llen(keys.bell(queue)) == BELL_CAP
     assert redis_client.llen(queue) == BELL_CAP + extra - 1 and redis_client.hexists(LAYOUT.unacked_key, tag)

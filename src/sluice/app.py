@@ -143,6 +143,8 @@ class App(Celery):
     events_cls = "sluice.events:Events"
     #: Celery's messaging with a connection whose URI names its Redis scheme (Flower reads it).
     amqp_cls = "sluice.queues.broker.amqp:SluiceAMQP"
+    #: Celery's remote control, recording revoked task ids in Redis (``sluice.queues.revokes``).
+    control_cls = "sluice.queues.revokes:SluiceControl"
 
     def __init__(
         self,

@@ -112,6 +112,10 @@ def session(session_id: str, part: SessionPart) -> str:
 #: policy, who published it when); written by every worker, read by senders and ``sluice explain``.
 TASK_CATALOG = f"{PREFIX}tasks"
 
+#: Sorted set: task id -> until when its revoke is kept (seconds since the epoch): no worker
+#: starts a task recorded here (``sluice.queues.revokes``; the fetch script flags it).
+REVOKED = f"{PREFIX}revoked"
+
 #: Hash: ``"<from queue> <to queue>"`` -> how many messages workers forwarded between them.
 FORWARDED = f"{PREFIX}stats:forwarded"
 

@@ -15,6 +15,7 @@ from sluice.cli.dead_letters import dead_letters_group
 from sluice.cli.deploy import deploy
 from sluice.cli.local import demo, up
 from sluice.cli.profile import profile_group
+from sluice.cli.revoke import revoke
 from sluice.cli.runs import runs_group
 from sluice.cli.scaling import autoscale, metrics
 from sluice.cli.status import explain, status
@@ -55,6 +56,7 @@ for command in (
     metrics,
     dead_letters_group,
     profile_group,
+    revoke,
 ):
     main.add_command(command)
 

@@ -10,6 +10,8 @@ queue. Admission is the guarantee. Every message is judged before Celery makes a
 * from a resource class whose slot cannot hold the task's effective compute (a 4Gi task on a
   2Gi ``cpu`` queue, a gpu task on a cpu queue): forwarded to the smallest class that fits;
 * from any other queue (a batch run's private queue, a worker's own queue): run;
+* revoked while this worker was not up to hear it (recorded in Redis, ``sluice.queues.revokes``):
+  handed to Celery as one it heard of, which ends it ``REVOKED``;
 * larger than its tenant's quota on its class (``sluice.tenants``; a plain producer's message,
   which no publish-time check saw): failed with :class:`~sluice.errors.OverQuota`.
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery.exceptions import InvalidTaskError
+from celery.worker import state as worker_state
 from celery.worker.strategy import default as celery_strategy
 
 from sluice.compute import Compute
@@ -133,6 +136,9 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     inherited = app.inherited_compute(task.name)  # "auto" memory is resolved per message (from a cache)
 
     def admit(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **options: Any) -> Any:
+        if moves.is_revoked(message):  # recorded in Redis: Celery ends it REVOKED, as one it heard of
+            worker_state.revoked.add((message.headers or {}).get("id"))
+            return handle(message, body, ack, reject, callbacks, **options)
         source = source_queue(message)
         if source != intake and source not in catalog:
             return handle(message, body, ack, reject, callbacks, **options)

@@ -29,7 +29,7 @@ from sluice.headers import CHARGE, SENT, TENANT
 from sluice.queues.broker import bells, scripts
 from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.broker.letters import DEAD_LETTER_CAP
-from sluice.queues.broker.moves import FETCH_DEPTH, SOURCE_QUEUE
+from sluice.queues.broker.moves import FETCH_DEPTH, REVOKED, SOURCE_QUEUE
 from sluice.tenants import DEFAULT_TENANT, TENANT_SEPARATOR
 
 log = logging.getLogger("sluice.transport")
@@ -61,7 +61,7 @@ class FetchCall:
         class what the fetch needs of it (``ResourceClass.fetch_terms``; None for another queue);
         ``priority_wait``: the longest a message waits behind higher priorities (0: no bound)."""
         listed = list(queues)
-        script_keys = layout.unhold_keys()
+        script_keys = [*layout.unhold_keys(), layout.revoked()]
         per_queue: list[Any] = []
         for queue, no_ack, terms in listed:
             script_keys += [
@@ -236,11 +236,11 @@ class Fetching(kombu_redis.Channel):
         if not taken:
             self._waiting = True
             raise Empty()
-        number, raw, tag = taken
-        self._deliver_fetched(self._fetching[int(number) - 1], raw, bytes_to_str(tag))
+        number, raw, tag, revoked = taken
+        self._deliver_fetched(self._fetching[int(number) - 1], raw, bytes_to_str(tag), bool(revoked))
         return True
 
-    def _deliver_fetched(self, queue: str, raw: bytes, tag: str) -> None:
+    def _deliver_fetched(self, queue: str, raw: bytes, tag: str, revoked: bool = False) -> None:
         """Hand a fetched message to its consumer; one that cannot be goes to the dead letters.
         Not on a no-ack queue (a control command's replies, an rpc:// result): its consumer
         took at-most-once, and the error reaches it as on kombu's transport (``inspect()``
@@ -254,6 +254,8 @@ class Fetching(kombu_redis.Channel):
             message["properties"]["delivery_info"][SOURCE_QUEUE] = queue
             if self._depth and queue == self.qos.gate.queue:  # a depth came from it
                 message["properties"]["delivery_info"][FETCH_DEPTH] = self._depth
+            if revoked:  # its task is recorded as revoked: the worker ends it REVOKED (sluice.queues.revokes)
+                message["properties"]["delivery_info"][REVOKED] = True
             self.connection._deliver(message, queue)
         except self.connection_errors:
             raise

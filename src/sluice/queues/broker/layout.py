@@ -120,6 +120,9 @@ class RedisLayout:
     def tenant_usage(self) -> str:
         return self.key(keys.TENANT_USAGE)
 
+    def revoked(self) -> str:
+        return self.key(keys.REVOKED)
+
     def unhold_keys(self) -> list[str]:
         """The keys a script that lets held messages go names first (``lua/held.lua``'s ``unhold``)."""
         return [self.unacked(), self.unacked_index(), self.held_charges(), self.tenant_usage()]

@@ -22,12 +22,19 @@ from sluice.queues.broker import scripts
 SOURCE_QUEUE = "sluice_queue"
 #: The ``delivery_info`` field of a message fetched from behind the head of its queue: how deep.
 FETCH_DEPTH = "sluice_depth"
+#: The ``delivery_info`` field of a message whose task is recorded as revoked (``sluice.queues.revokes``).
+REVOKED = "sluice_revoked"
 
 
 def source_queue(delivery_info: dict[str, Any] | None, default: str = "") -> str:
     """The queue a message was fetched from (its routing key if the fetch did not say)."""
     info = delivery_info or {}
     return str(info.get(SOURCE_QUEUE) or info.get("routing_key") or default)
+
+
+def is_revoked(message: Any) -> bool:
+    """Whether the fetch found a delivered message's task recorded as revoked."""
+    return bool((message.delivery_info or {}).get(REVOKED))
 
 
 def fetch_depth(message: Any) -> int:
@@ -39,7 +46,7 @@ def as_sent(raw: dict[str, Any]) -> dict[str, Any]:
     """A message as kombu delivered it (its raw envelope), as it was sent: without the fields
     sluice's fetch added to its delivery info."""
     properties = raw["properties"]
-    info = {k: v for k, v in properties["delivery_info"].items() if k not in (SOURCE_QUEUE, FETCH_DEPTH)}
+    info = {k: v for k, v in properties["delivery_info"].items() if k not in (SOURCE_QUEUE, FETCH_DEPTH, REVOKED)}
     return dict(raw, properties=dict(properties, delivery_info=info))
 
 

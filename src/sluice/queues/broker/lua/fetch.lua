@@ -4,7 +4,8 @@
 -- The arguments are built in one place, sluice.queues.broker.fetching.FetchCall.
 --
 -- KEYS[1] kombu's unacked hash, KEYS[2] its unacked index (sorted set by delivery time), KEYS[3]
--- the held messages' charges, KEYS[4] the tenants' usage (held.lua), then four keys per queue, in
+-- the held messages' charges, KEYS[4] the tenants' usage (held.lua), KEYS[5] the revoked task
+-- ids (sorted set: id -> until when kept, sluice.queues.revokes), then four keys per queue, in
 -- the order to try them: its bell, its dead-letter list, its dead-letter counter, its tenant set.
 -- ARGV[1] now (seconds), ARGV[2] "1" when a bell ring woke this fetch (its token is spent),
 -- ARGV[3] the dead-letter list cap, ARGV[4] the bell cap, ARGV[5] a queue read deep and ARGV[6]
@@ -44,7 +45,8 @@
 -- sluice.queues.broker.letters.DeadLetter; a test holds the two equal) and the search goes on;
 -- on a no-ack consumer's list (a control command's replies) it is dropped instead, as kombu would
 -- have popped it and failed to read it, and nothing is left behind.
--- Returns {dead} when nothing could be taken, else {dead, queue number (1-based), raw, tag}.
+-- Returns {dead} when nothing could be taken, else {dead, queue number (1-based), raw, tag,
+-- 1 when the message's task is recorded as revoked (the worker ends it REVOKED) or 0}.
 -- include held.lua
 
 -- The position of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong
@@ -97,7 +99,7 @@ local function envelope(raw)
   return tag, exchange, routing_key, type(headers) == 'table' and headers or {}
 end
 
-local UNACKED, INDEX, CHARGES, USAGE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local UNACKED, INDEX, CHARGES, USAGE, REVOKED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local now, woken, cap, bell_cap = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
 local deep_queue, depth = ARGV[5], tonumber(ARGV[6])
 local prefix, sep, tenant_sep, default_tenant = ARGV[7], ARGV[8], ARGV[10], ARGV[11]
@@ -146,9 +148,9 @@ local function pop(i, list, deep)
     if tag then return raw, tag, exchange, routing_key, headers end
     if ARGV[a] ~= '1' then  -- a no-ack consumer's (replies) is dropped, as kombu's would be
       local header = cjson.encode({reason = exchange, queue = ARGV[a + 1], at = tonumber(now)})
-      redis.call('LPUSH', KEYS[4 * i + 2], header .. '\n' .. raw)
-      redis.call('LTRIM', KEYS[4 * i + 2], 0, cap - 1)
-      redis.call('INCR', KEYS[4 * i + 3])
+      redis.call('LPUSH', KEYS[4 * i + 3], header .. '\n' .. raw)
+      redis.call('LTRIM', KEYS[4 * i + 3], 0, cap - 1)
+      redis.call('INCR', KEYS[4 * i + 4])
       dead = dead + 1
     end
     malformed = malformed + 1
@@ -158,8 +160,8 @@ end
 
 -- Record a taken message as held (with its tenant's charge, on a resource class) and spend a bell token.
 local function hold(i, raw, tag, exchange, routing_key, tenant, charge)
-  if not woken then redis.call('RPOP', KEYS[4 * i + 1]) end
-  redis.call('LTRIM', KEYS[4 * i + 1], 0, bell_cap - 1)
+  if not woken then redis.call('RPOP', KEYS[4 * i + 2]) end
+  redis.call('LTRIM', KEYS[4 * i + 2], 0, bell_cap - 1)
   if ARGV[FIRST + 4 * (i - 1)] == '1' then return end
   redis.call('ZADD', INDEX, now, tag)
   redis.call('HSET', UNACKED, tag, '[' .. raw .. ',' .. cjson.encode(exchange) .. ',' .. cjson.encode(routing_key) .. ']')
@@ -170,10 +172,10 @@ end
 local function take_plain(i, deep)
   local a = FIRST + 4 * (i - 1)
   for _, list in ipairs(lists_of(prefix .. ARGV[a + 1])) do
-    local raw, tag, exchange, routing_key = pop(i, list, deep)
+    local raw, tag, exchange, routing_key, headers = pop(i, list, deep)
     if raw then
       hold(i, raw, tag, exchange, routing_key, default_tenant, parse_charge(ARGV[a + 2]))
-      return raw, tag
+      return raw, tag, headers
     end
   end
   return nil
@@ -205,7 +207,7 @@ end
 -- A resource class: the tenant with the lowest weighted dominant share first (see the top).
 local function take_fair(i)
   local a = FIRST + 4 * (i - 1)
-  local queue, slot, tenants = ARGV[a + 1], parse_charge(ARGV[a + 2]), KEYS[4 * i + 4]
+  local queue, slot, tenants = ARGV[a + 1], parse_charge(ARGV[a + 2]), KEYS[4 * i + 5]
   local shares = {}
   for name, weight, c, m, g in string.gmatch(ARGV[a + 3], '(%S+) (%S+) (%S+) (%S+) (%S+)') do
     shares[name] = {tonumber(weight), tonumber(c), tonumber(m), tonumber(g)}
@@ -260,7 +262,7 @@ local function take_fair(i)
         end
         if fits then
           hold(i, raw, tag, exchange, routing_key, best, charge)
-          return raw, tag
+          return raw, tag, headers
         end
         redis.call('RPUSH', best_list, raw)  -- back at the head: it waits for its tenant's usage to fall
         blocked[best] = true
@@ -274,15 +276,22 @@ end
 
 for i = 1, queues do
   local a = FIRST + 4 * (i - 1)
-  local raw, tag
+  local raw, tag, headers
   if depth > 0 and ARGV[a + 1] == deep_queue then
-    raw, tag = take_plain(i, true)
+    raw, tag, headers = take_plain(i, true)
   elseif ARGV[a] == '1' or ARGV[a + 2] == '' then
-    raw, tag = take_plain(i, false)
+    raw, tag, headers = take_plain(i, false)
   else
-    raw, tag = take_fair(i)
+    raw, tag, headers = take_fair(i)
   end
-  if raw then return {dead, i, raw, tag} end
+  if raw then
+    local id, revoked = headers['id'], 0
+    if ARGV[a] ~= '1' and type(id) == 'string' then
+      local until_ = tonumber(redis.call('ZSCORE', REVOKED, id))
+      if until_ and until_ > tonumber(now) then revoked = 1 end
+    end
+    return {dead, i, raw, tag, revoked}
+  end
   if malformed >= 100 then return {dead} end
 end
 return {dead}
