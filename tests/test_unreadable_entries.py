@@ -195,7 +195,7 @@ def test_the_fetch_script_holds_exactly_the_messages_sluices_readers_can_read(re
         (_, letter), = dead_letters.read(client, LAYOUT, "q")
         assert (letter.raw, letter.reason) == (raw, f"not valid UTF-8 (byte {exc.start})")
     else:
-        assert reply == [0, 1, raw, b"d"]
+        assert reply == [0, 1, raw, b"d", 0]   # taken, held, not revoked
         assert Held.decode(b"d", client.hget(LAYOUT.unacked_key, "d")).message == json.loads(raw)
 
 
