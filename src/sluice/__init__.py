@@ -33,6 +33,7 @@ _EXPORTS = {
     "Backoff": "sluice.tasks.retry",
     "Transient": "sluice.errors",
     "attempts": "sluice.tasks.history",
+    "Unique": "sluice.tasks.unique",
     # assets
     "Asset": "sluice.assets",
     "AssetDef": "sluice.assets",

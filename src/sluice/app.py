@@ -25,6 +25,7 @@ from sluice.tasks import memory_profile
 from sluice.tasks.base import ComputeTask
 from sluice.tasks.memory_profile import ProfileCache
 from sluice.tasks.retry import RetryPolicy
+from sluice.tasks.unique import Unique
 from sluice.tenants import check_tenant
 from sluice.workers.bootstep import SluiceWorkerStep
 
@@ -92,7 +93,7 @@ def safe_defaults(
 
 
 #: Options ``@app.task`` accepts besides Celery's own and those the installed capabilities declare.
-CORE_TASK_OPTIONS = ("compute", "retry")
+CORE_TASK_OPTIONS = ("compute", "retry", "unique")
 #: Celery task options read from the task class by name, not declared on ``celery.Task`` itself.
 _CELERY_EXTRA_OPTIONS = (
     "shared",
@@ -211,7 +212,7 @@ class App(Celery):
         return self.worker_node or request.hostname or "?"
 
     def task(self, *args: Any, **opts: Any) -> Any:
-        """Celery's ``@app.task``, plus ``compute=`` and ``retry=``, checked here at decoration time:
+        """Celery's ``@app.task``, plus ``compute=``, ``retry=`` and ``unique=``, checked here at decoration time:
         an unknown option, a compute no class holds, or a policy whose max_memory no class holds,
         fails at import."""
         self._check_options(opts, args[0] if args and callable(args[0]) else None)
@@ -244,6 +245,13 @@ class App(Celery):
             )
         if policy is not None and not isinstance(policy, RetryPolicy):
             raise ConfigurationError(f"{name}: retry={policy!r} must be a sluice.RetryPolicy")
+        unique = opts.get("unique")
+        if unique is not None:
+            if not isinstance(unique, Unique):
+                raise ConfigurationError(
+                    f'{name}: unique={unique!r} must be a sluice.Unique, e.g. Unique(key="order_id")'
+                )
+            unique.check(fun, name, bool(opts.get("bind")))
         effective = self.unlearned((compute or Compute()).inherit(self.default_compute))
         self.catalog.route(effective, name)
         if policy is not None:

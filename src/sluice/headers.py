@@ -36,6 +36,9 @@ TENANT = "sluice_tenant"
 #: tenant's share and quota: "<millicores> <bytes> <gpus>" of its effective compute (absent: one
 #: slot of its class). Set at publish by the router (``sluice.queues.routing``).
 CHARGE = "sluice_charge"
+#: A unique call's idempotency key and how long its claim lasts, "<ttl> <key>" (``sluice.tasks.unique``):
+#: the worker renews the claim as the task starts and ends.
+UNIQUE = "sluice_unique"
 #: When a message with a priority was published (seconds since the epoch): the fetch script takes
 #: it ahead of higher priorities once it has waited ``priority_max_wait`` (priority aging).
 SENT = "sluice_sent"

@@ -116,6 +116,12 @@ TASK_CATALOG = f"{PREFIX}tasks"
 #: starts a task recorded here (``sluice.queues.revokes``; the fetch script flags it).
 REVOKED = f"{PREFIX}revoked"
 
+
+def unique(task: str, key: str) -> str:
+    """String: the task id that holds idempotency key ``key`` of ``task`` (with a TTL; ``sluice.tasks.unique``)."""
+    return f"{PREFIX}unique:{task}:{key}"
+
+
 #: Hash: ``"<from queue> <to queue>"`` -> how many messages workers forwarded between them.
 FORWARDED = f"{PREFIX}stats:forwarded"
 

@@ -11,17 +11,28 @@ from celery.exceptions import Ignore, Retry
 
 from sluice.compute import Compute
 from sluice.errors import AttemptFailed, TaskFailed, WorkerLost
-from sluice.headers import attempt_of
-from sluice.tasks import bulk, ledger
+from sluice.headers import UNIQUE, attempt_of
+from sluice.ids import new_id
+from sluice.tasks import bulk, ledger, unique
 from sluice.tasks.bulk import BulkResult
 from sluice.tasks.escalation import Attempt, end_attempt
 from sluice.tasks.request import ComputeRequest
 from sluice.tasks.retry import Reason, RetryPolicy, classify
+from sluice.tasks.unique import Unique
 
 log = logging.getLogger("sluice.task")
 #: Where the result backend leaves the claim it made with the STARTED state, on the request:
 #: a one-tuple holding the claim that one replaced (or None).
 CLAIMED = "sluice_claimed"
+
+
+def _unique_claim(request: Any) -> tuple[int, str] | None:
+    """``(ttl, key)`` of a unique call's claim, from its :data:`~sluice.headers.UNIQUE` header."""
+    value = getattr(request, UNIQUE, None)
+    if not isinstance(value, str) or " " not in value:
+        return None
+    ttl, key = value.split(" ", 1)
+    return (int(ttl), key) if ttl.isdigit() else None
 
 
 class ComputeTask(Task):
@@ -38,6 +49,8 @@ class ComputeTask(Task):
 
     compute: Compute | None = None
     retry_policy: RetryPolicy | None = None
+    #: One run per idempotency key taken from the call's arguments (``@app.task(unique=Unique(...))``).
+    unique: Unique | None = None
     #: Whether the stored state (``result_extended``) repeats the task's arguments; False for a task
     #: whose arguments are bulk data (``@app.task(result_args=False)``; a batch chunk's are).
     result_args: bool = True
@@ -65,18 +78,45 @@ class ComputeTask(Task):
         are (see ``sluice.tenants``). See :mod:`sluice.tasks.bulk`."""
         return bulk.delay_many(self, items, kwargs=kwargs, chunk=chunk, progress=progress, tenant=tenant)
 
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
+        """Celery's, plus ``idempotency_key=`` (or the task's ``unique=``): a call whose key is
+        held already publishes nothing and returns the holder's result (``sluice.tasks.unique``)."""
+        key = options.pop("idempotency_key", None)
+        if key is None and self.unique is not None:
+            key = self.unique.key_of(self.run, False, args or (), kwargs or {})  # a bound run's signature has no self
+        if key is None:
+            return super().apply_async(args, kwargs, task_id, **options)
+        key = unique.check_key(key, self.name)
+        ttl = self.unique.ttl if self.unique is not None else unique.DEFAULT_TTL
+        task_id = task_id or new_id()
+        held = unique.claim(self.app.redis, self.name, key, task_id, ttl)
+        if held is not None:
+            return self.AsyncResult(held)
+        headers = {**(options.pop("headers", None) or {}), UNIQUE: f"{ttl} {key}"}
+        try:
+            return super().apply_async(args, kwargs, task_id, headers=headers, **options)
+        except BaseException:
+            unique.give_back(self.app.redis, self.name, key, task_id)
+            raise
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         if request.is_eager or request.called_directly:
             self._warn_eager()
             return super().__call__(*args, **kwargs)
         self._claim_delivery(request)
+        claim = _unique_claim(request)
+        if claim is not None:  # it stands while the task runs, and ttl after it ends
+            unique.renew(self.app.redis, self.name, claim[1], claim[0])
         try:
             return super().__call__(*args, **kwargs)
         except (Retry, Ignore, KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:
             self._end_attempt(request, classify(exc), f"{type(exc).__name__}: {exc}", exc)  # always raises
+        finally:
+            if claim is not None:
+                unique.renew(self.app.redis, self.name, claim[1], claim[0])
 
     def delivery_claim(self, request: Any) -> ledger.ClaimWrite | None:
         """The ledger write that claims this attempt (None outside a worker)."""

@@ -1,0 +1,105 @@
+"""Unique tasks: one run per idempotency key.
+
+``task.apply_async(..., idempotency_key="order-42")``, or ``@app.task(unique=Unique(key="order_id",
+ttl=3600))`` for a key taken from the call's arguments: the first call with a key claims it in
+Redis (``SET NX``, atomic under any number of concurrent callers) for its task id; a call with
+the same key while the claim stands publishes nothing and returns the first call's
+``AsyncResult`` (the same task id). The claim lasts ``ttl`` seconds from the call, and the
+worker renews it when the task starts and when it ends, so it stands while the task waits (up to
+``ttl``), runs, and for ``ttl`` after it finished. A publish that fails gives its claim back.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from sluice import keys
+from sluice.errors import ConfigurationError
+
+#: The longest idempotency key (a longer one is a value, not a key).
+MAX_KEY_LENGTH = 256
+#: The longest a claim may be kept: a year.
+MAX_TTL = 365 * 86_400
+#: How long an ``idempotency_key=`` claim lasts (a task declared ``unique=`` has its own ``ttl``).
+DEFAULT_TTL = 3600
+
+
+def check_key(key: object, where: str) -> str:
+    """``key`` if it is a usable idempotency key (a non-empty string of at most 256 characters)."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise ConfigurationError(
+            f"{where}: idempotency key {key!r} must be a non-empty string of at most {MAX_KEY_LENGTH} "
+            'characters (e.g. "order-42"); build one from the call\'s values with str()'
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class Unique:
+    """A task's calls are unique by ``key``: the name of one of its arguments (its value, as a
+    string, is the key), or a callable of the call's ``(args, kwargs)`` returning the key; for
+    ``ttl`` seconds (see the module docstring)."""
+
+    key: str | Callable[[Sequence[Any], Mapping[str, Any]], str]
+    ttl: int = DEFAULT_TTL
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or not 1 <= self.ttl <= MAX_TTL:
+            raise ConfigurationError(f"Unique(ttl={self.ttl!r}) must be a whole number of seconds from 1 to {MAX_TTL}")
+        if not (isinstance(self.key, str) and self.key.isidentifier()) and not callable(self.key):
+            raise ConfigurationError(
+                f"Unique(key={self.key!r}) must name an argument of the task or be a callable of (args, kwargs)"
+            )
+
+    def check(self, fun: Callable[..., Any], name: str, bound: bool) -> None:
+        """At declaration: a key that names no argument of ``fun`` is an error naming the arguments."""
+        if not isinstance(self.key, str):
+            return
+        params = list(inspect.signature(fun).parameters)[1 if bound else 0 :]
+        if self.key not in params:
+            raise ConfigurationError(
+                f"{name}: Unique(key={self.key!r}) names no argument of the task; its arguments: {', '.join(params)}"
+            )
+
+    def key_of(self, fun: Callable[..., Any], bound: bool, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The idempotency key of one call (its argument's value as a string, or the callable's)."""
+        if callable(self.key):
+            return check_key(self.key(args, kwargs), "Unique(key=...)")
+        if self.key in kwargs:
+            return check_key(str(kwargs[self.key]), self.key)
+        params = list(inspect.signature(fun).parameters)[1 if bound else 0 :]
+        index = params.index(self.key)
+        if index >= len(args):
+            raise ConfigurationError(f"the call has no value for {self.key!r}, the task's idempotency key")
+        return check_key(str(args[index]), self.key)
+
+
+def claim(client: redis.Redis, task: str, key: str, task_id: str, ttl: int) -> str | None:
+    """Claim ``key`` of ``task`` for ``task_id`` for ``ttl`` seconds; the id that holds it already
+    (None: this call's claim stands)."""
+    held = client.set(keys.unique(task, key), task_id, nx=True, ex=ttl, get=True)
+    return None if held is None else held.decode() if isinstance(held, bytes) else str(held)
+
+
+def give_back(client: redis.Redis, task: str, key: str, task_id: str) -> None:
+    """Drop the claim of ``key`` if ``task_id`` still holds it (its publish failed)."""
+    name = keys.unique(task, key)
+    with client.pipeline() as pipe:
+        try:
+            pipe.watch(name)
+            if pipe.get(name) in (task_id, task_id.encode()):
+                pipe.multi()
+                pipe.delete(name)
+                pipe.execute()
+        except redis.WatchError:
+            pass
+
+
+def renew(client: redis.Redis, task: str, key: str, ttl: int) -> None:
+    """Keep the claim ``ttl`` seconds from now (the worker, as the task starts and ends)."""
+    client.expire(keys.unique(task, key), ttl)

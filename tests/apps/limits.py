@@ -1,0 +1,25 @@
+"""Test app for cluster-wide limits: unique tasks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluice import App, Unique
+
+app = App("tests.apps.limits")
+#: Each run of ``order`` pushes its id here: how many times a body ran.
+RUNS = "test:limits-runs"
+
+
+@app.task(bind=True, unique=Unique(key="order_id", ttl=60))
+def order(self: Any, order_id: str, amount: int = 1) -> str:
+    """Charged once per order id however often it is sent."""
+    self.app.redis.rpush(RUNS, order_id)
+    return order_id
+
+
+@app.task
+def ping(value: str) -> str:
+    """Not unique: every call runs."""
+    app.redis.rpush(RUNS, value)
+    return value
