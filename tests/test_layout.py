@@ -71,11 +71,11 @@ def test_a_capability_declares_the_task_options_it_adds() -> None:
 
     assert bulky.result_args is False
     with pytest.raises(ConfigurationError, match=r"unknown task option 'compue'; sluice accepts compute, retry, "
-                                                 r"unique, result_args and Celery's own"):
+                                                 r"unique, max_running, result_args and Celery's own"):
         with_batch.task(compue=Compute(memory="1Gi"))
     bare = App("bare_options", broker="redis://127.0.0.1:1/0", capabilities=[])
     with pytest.raises(ConfigurationError, match=r"unknown task option 'result_args'; sluice accepts compute, retry, "
-                                                 r"unique and Celery's own"):
+                                                 r"unique, max_running and Celery's own"):
         bare.task(result_args=False)
 
 

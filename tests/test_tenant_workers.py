@@ -2,8 +2,9 @@
 not stuck behind another's backlog, weights share the slots under contention, a quota is never
 exceeded (sampled from what Redis holds, not from the tasks' own reports) while others use the
 rest, and a tenant's usage is exactly zero once the cluster is idle after a worker was
-SIGKILLed mid-task, a task was escalated to a bigger class, and Redis was killed and restarted. Orders of starts are asserted,
-not durations: each task pushes its label as it starts (``tests.apps.tenants.STARTS``)."""
+SIGKILLed mid-task, a task was escalated to a bigger class, and Redis was killed and restarted.
+Orders of starts are asserted, not durations: each task pushes its label as it starts
+(``tests.apps.tenants.STARTS``)."""
 
 from __future__ import annotations
 

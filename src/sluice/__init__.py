@@ -34,6 +34,7 @@ _EXPORTS = {
     "Transient": "sluice.errors",
     "attempts": "sluice.tasks.history",
     "Unique": "sluice.tasks.unique",
+    "Limit": "sluice.tasks.limits",
     # assets
     "Asset": "sluice.assets",
     "AssetDef": "sluice.assets",

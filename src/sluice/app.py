@@ -23,9 +23,10 @@ from sluice.queues.routing import ComputeRouter
 from sluice.queues.task_catalog import TaskDirectory
 from sluice.tasks import memory_profile
 from sluice.tasks.base import ComputeTask
+from sluice.tasks.limits import check_max_running
 from sluice.tasks.memory_profile import ProfileCache
 from sluice.tasks.retry import RetryPolicy
-from sluice.tasks.unique import Unique
+from sluice.tasks.unique import Unique, check_argument
 from sluice.tenants import check_tenant
 from sluice.workers.bootstep import SluiceWorkerStep
 
@@ -93,7 +94,7 @@ def safe_defaults(
 
 
 #: Options ``@app.task`` accepts besides Celery's own and those the installed capabilities declare.
-CORE_TASK_OPTIONS = ("compute", "retry", "unique")
+CORE_TASK_OPTIONS = ("compute", "retry", "unique", "max_running")
 #: Celery task options read from the task class by name, not declared on ``celery.Task`` itself.
 _CELERY_EXTRA_OPTIONS = (
     "shared",
@@ -251,7 +252,10 @@ class App(Celery):
                 raise ConfigurationError(
                     f'{name}: unique={unique!r} must be a sluice.Unique, e.g. Unique(key="order_id")'
                 )
-            unique.check(fun, name, bool(opts.get("bind")))
+            check_argument(unique.key, fun, name, bool(opts.get("bind")), "Unique")
+        running = opts.get("max_running")
+        if running is not None:
+            check_max_running(running, fun, name, bool(opts.get("bind")))
         effective = self.unlearned((compute or Compute()).inherit(self.default_compute))
         self.catalog.route(effective, name)
         if policy is not None:

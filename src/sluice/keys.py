@@ -112,6 +112,13 @@ def session(session_id: str, part: SessionPart) -> str:
 #: policy, who published it when); written by every worker, read by senders and ``sluice explain``.
 TASK_CATALOG = f"{PREFIX}tasks"
 
+#: Hash: held message's delivery tag -> JSON list of the concurrency limits it counts against,
+#: written and removed with the held message itself (``lua/held.lua``).
+HELD_LIMITS = f"{PREFIX}held-limits"
+#: Hash: a concurrency limit's id -> how many held messages count against it (``sluice.tasks.limits``),
+#: kept in the same steps as :data:`HELD_LIMITS`.
+LIMIT_RUNNING = f"{PREFIX}limit-running"
+
 #: Sorted set: task id -> until when its revoke is kept (seconds since the epoch): no worker
 #: starts a task recorded here (``sluice.queues.revokes``; the fetch script flags it).
 REVOKED = f"{PREFIX}revoked"

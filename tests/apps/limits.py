@@ -1,10 +1,10 @@
-"""Test app for cluster-wide limits: unique tasks."""
+"""Test app for cluster-wide limits: unique tasks and concurrency limits."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sluice import App, Unique
+from sluice import App, Limit, Unique
 
 app = App("tests.apps.limits")
 #: Each run of ``order`` pushes its id here: how many times a body ran.
@@ -23,3 +23,19 @@ def ping(value: str) -> str:
     """Not unique: every call runs."""
     app.redis.rpush(RUNS, value)
     return value
+
+
+@app.task(bind=True, max_running=2)
+def scarce(self: Any, label: str, seconds: float) -> str:
+    """At most two run at once across the cluster; records its start, then sleeps."""
+    import time
+
+    self.app.redis.rpush(RUNS, label)
+    time.sleep(seconds)
+    return label
+
+
+@app.task(max_running=Limit(running=1, key="customer"))
+def per_customer(customer: str, n: int) -> str:
+    """At most one at once per customer."""
+    return f"{customer}-{n}"

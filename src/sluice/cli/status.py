@@ -14,7 +14,14 @@ from sluice.compute import Compute
 from sluice.config import fallback_memory
 from sluice.errors import NoQueueFits
 from sluice.queues import task_catalog
-from sluice.queues.status import TenantStatus, class_status, intake_status, tasks_by_class, tenant_status
+from sluice.queues.status import (
+    TenantStatus,
+    class_status,
+    intake_status,
+    limits_running,
+    tasks_by_class,
+    tenant_status,
+)
 from sluice.tasks import memory_profile
 from sluice.units import format_size
 
@@ -25,13 +32,15 @@ def status(app_name: str | None) -> None:
     """Per resource class: queue depth (every tenant's), workers online, tasks running, slot
     size, and the tasks of the cluster's task catalog it serves; then the intake queue (plain
     Celery clients' tasks waiting to be forwarded); then, where a class is shared, each tenant's
-    weight and quota there, its waiting messages and what its running tasks hold."""
+    weight and quota there, its waiting messages and what its running tasks hold; then how many
+    run under each concurrency limit."""
     broker = broker_client(app_name)
     try:
         rows = class_status(broker.client, broker.catalog)
         intake = intake_status(broker.client, broker.settings.intake_queue)
         serves = tasks_by_class(task_catalog.read(broker.client), broker.catalog)
         tenants = tenant_status(broker.client, broker.catalog)
+        limited = limits_running(broker.client)
     except redis.RedisError as exc:
         raise click.ClickException(f"cannot read the broker: {exc}") from None
     table = Table(title="sluice status")
@@ -60,6 +69,8 @@ def status(app_name: str | None) -> None:
     console.print(table)
     if tenants:
         console.print(_tenant_table(tenants))
+    if limited:
+        console.print("running under concurrency limits: " + ", ".join(f"{k} {n}" for k, n in limited.items()))
     if serves.get("?"):
         console.print(f"[yellow]no class here holds[/yellow] {', '.join(serves['?'])}")
 

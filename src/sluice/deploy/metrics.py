@@ -21,7 +21,7 @@ from sluice import entries, keys
 from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.queues.catalog import Catalog
-from sluice.queues.status import class_status, intake_status, tenant_status
+from sluice.queues.status import class_status, intake_status, limits_running, tenant_status
 from sluice.tasks import memory_profile
 
 
@@ -161,6 +161,20 @@ class TenantMetrics(Collector):
         yield from (running, quota, waiting, weight)
 
 
+class LimitMetrics(Collector):
+    """``sluice_limit_running{limit}``: the tasks running now under each concurrency limit
+    (``sluice.tasks.limits``; a limit with none running is not listed)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        running = GaugeMetricFamily("sluice_limit_running", "Tasks running under a concurrency limit", labels=["limit"])
+        for limit, count in limits_running(self.client).items():
+            running.add_metric([limit], count)
+        yield running
+
+
 def _resources(compute: Compute) -> tuple[tuple[str, float | None], ...]:
     """A compute's axes in Prometheus's base units (cores, bytes, count); None where unset."""
     cores = None if compute.millicores is None else compute.millicores / 1000
@@ -175,5 +189,6 @@ def serve(
     registry.register(ClassMetrics(client, catalog, intake))
     registry.register(TaskMetrics(client))
     registry.register(TenantMetrics(client, catalog))
+    registry.register(LimitMetrics(client))
     start_http_server(port, addr=address, registry=registry)
     return registry

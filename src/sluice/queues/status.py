@@ -11,6 +11,7 @@ from typing import Any
 
 import redis
 
+from sluice import entries, keys
 from sluice.compute import Compute
 from sluice.errors import NoQueueFits
 from sluice.headers import Headers
@@ -119,6 +120,16 @@ def tenant_status(client: redis.Redis, catalog: Catalog, layout: RedisLayout = R
             running = usage.get((rc.name, tenant), Compute())
             rows.append(TenantStatus(rc.name, tenant, rc.share(tenant), depths.get(tenant, 0), running))
     return rows
+
+
+def limits_running(client: redis.Redis) -> dict[str, int]:
+    """Each concurrency limit's running count now (``sluice.tasks.limits``; none running: not listed)."""
+    counts = entries.decode_each("limit count", client.hgetall(keys.LIMIT_RUNNING).items(), _count)
+    return dict(sorted(counts))
+
+
+def _count(item: tuple[bytes | str, bytes | str]) -> tuple[str, int]:
+    return entries.text(item[0]), int(item[1])
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,12 @@ from celery.exceptions import Ignore, Retry
 
 from sluice.compute import Compute
 from sluice.errors import AttemptFailed, TaskFailed, WorkerLost
-from sluice.headers import UNIQUE, attempt_of
+from sluice.headers import LIMITS, UNIQUE, attempt_of
 from sluice.ids import new_id
 from sluice.tasks import bulk, ledger, unique
 from sluice.tasks.bulk import BulkResult
 from sluice.tasks.escalation import Attempt, end_attempt
+from sluice.tasks.limits import Limit, limits_header
 from sluice.tasks.request import ComputeRequest
 from sluice.tasks.retry import Reason, RetryPolicy, classify
 from sluice.tasks.unique import Unique
@@ -51,6 +52,8 @@ class ComputeTask(Task):
     retry_policy: RetryPolicy | None = None
     #: One run per idempotency key taken from the call's arguments (``@app.task(unique=Unique(...))``).
     unique: Unique | None = None
+    #: At most this many running at once across the cluster (``@app.task(max_running=...)``).
+    max_running: int | Limit | None = None
     #: Whether the stored state (``result_extended``) repeats the task's arguments; False for a task
     #: whose arguments are bulk data (``@app.task(result_args=False)``; a batch chunk's are).
     result_args: bool = True
@@ -79,11 +82,16 @@ class ComputeTask(Task):
         return bulk.delay_many(self, items, kwargs=kwargs, chunk=chunk, progress=progress, tenant=tenant)
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
-        """Celery's, plus ``idempotency_key=`` (or the task's ``unique=``): a call whose key is
-        held already publishes nothing and returns the holder's result (``sluice.tasks.unique``)."""
+        """Celery's, plus the call's concurrency limits in its headers (the task's
+        ``max_running=``, ``sluice.tasks.limits``) and ``idempotency_key=`` (or the task's
+        ``unique=``): a call whose key is held already publishes nothing and returns the
+        holder's result (``sluice.tasks.unique``)."""
         key = options.pop("idempotency_key", None)
+        if self.max_running is not None:
+            limits = limits_header(self.name, self.max_running, self.run, args or (), kwargs or {})
+            options["headers"] = {**(options.get("headers") or {}), LIMITS: limits}
         if key is None and self.unique is not None:
-            key = self.unique.key_of(self.run, False, args or (), kwargs or {})  # a bound run's signature has no self
+            key = unique.call_key(self.unique.key, self.run, args or (), kwargs or {})
         if key is None:
             return super().apply_async(args, kwargs, task_id, **options)
         key = unique.check_key(key, self.name)

@@ -39,44 +39,55 @@ def check_key(key: object, where: str) -> str:
     return key
 
 
+#: A call's key: the name of one of the task's arguments, or a callable of ``(args, kwargs)``.
+CallKey = str | Callable[[Sequence[Any], Mapping[str, Any]], str]
+
+
+def check_call_key(key: object, what: str) -> None:
+    """At construction: ``key`` names an argument (an identifier) or is a callable."""
+    if not (isinstance(key, str) and key.isidentifier()) and not callable(key):
+        raise ConfigurationError(
+            f"{what}(key={key!r}) must name an argument of the task or be a callable of (args, kwargs)"
+        )
+
+
+def check_argument(key: CallKey, fun: Callable[..., Any], name: str, bound: bool, what: str) -> None:
+    """At declaration: a key that names no argument of ``fun`` is an error naming the arguments."""
+    if not isinstance(key, str):
+        return
+    params = list(inspect.signature(fun).parameters)[1 if bound else 0 :]
+    if key not in params:
+        raise ConfigurationError(
+            f"{name}: {what}(key={key!r}) names no argument of the task; its arguments: {', '.join(params)}"
+        )
+
+
+def call_key(key: CallKey, fun: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """The key of one call of ``fun`` (a bound task's ``run``, whose signature has no self): the
+    named argument's value as a string, or the callable's."""
+    if callable(key):
+        return check_key(key(args, kwargs), "key=...")
+    if key in kwargs:
+        return check_key(str(kwargs[key]), key)
+    params = list(inspect.signature(fun).parameters)
+    index = params.index(key)
+    if index >= len(args):
+        raise ConfigurationError(f"the call has no value for {key!r}, the task's key argument")
+    return check_key(str(args[index]), key)
+
+
 @dataclass(frozen=True)
 class Unique:
-    """A task's calls are unique by ``key``: the name of one of its arguments (its value, as a
-    string, is the key), or a callable of the call's ``(args, kwargs)`` returning the key; for
-    ``ttl`` seconds (see the module docstring)."""
+    """A task's calls are unique by ``key`` (:data:`CallKey`: an argument's value as a string,
+    or a callable's) for ``ttl`` seconds (see the module docstring)."""
 
-    key: str | Callable[[Sequence[Any], Mapping[str, Any]], str]
+    key: CallKey
     ttl: int = DEFAULT_TTL
 
     def __post_init__(self) -> None:
         if isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or not 1 <= self.ttl <= MAX_TTL:
             raise ConfigurationError(f"Unique(ttl={self.ttl!r}) must be a whole number of seconds from 1 to {MAX_TTL}")
-        if not (isinstance(self.key, str) and self.key.isidentifier()) and not callable(self.key):
-            raise ConfigurationError(
-                f"Unique(key={self.key!r}) must name an argument of the task or be a callable of (args, kwargs)"
-            )
-
-    def check(self, fun: Callable[..., Any], name: str, bound: bool) -> None:
-        """At declaration: a key that names no argument of ``fun`` is an error naming the arguments."""
-        if not isinstance(self.key, str):
-            return
-        params = list(inspect.signature(fun).parameters)[1 if bound else 0 :]
-        if self.key not in params:
-            raise ConfigurationError(
-                f"{name}: Unique(key={self.key!r}) names no argument of the task; its arguments: {', '.join(params)}"
-            )
-
-    def key_of(self, fun: Callable[..., Any], bound: bool, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-        """The idempotency key of one call (its argument's value as a string, or the callable's)."""
-        if callable(self.key):
-            return check_key(self.key(args, kwargs), "Unique(key=...)")
-        if self.key in kwargs:
-            return check_key(str(kwargs[self.key]), self.key)
-        params = list(inspect.signature(fun).parameters)[1 if bound else 0 :]
-        index = params.index(self.key)
-        if index >= len(args):
-            raise ConfigurationError(f"the call has no value for {self.key!r}, the task's idempotency key")
-        return check_key(str(args[index]), self.key)
+        check_call_key(self.key, "Unique")
 
 
 def claim(client: redis.Redis, task: str, key: str, task_id: str, ttl: int) -> str | None:

@@ -25,7 +25,7 @@ from kombu.utils.json import dumps, loads
 from redis.connection import ConnectionInterface
 from redis.exceptions import NoScriptError
 
-from sluice.headers import CHARGE, SENT, TENANT
+from sluice.headers import CHARGE, LIMITS, SENT, TENANT
 from sluice.queues.broker import bells, scripts
 from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.broker.letters import DEAD_LETTER_CAP
@@ -82,6 +82,7 @@ class FetchCall:
             CHARGE,
             SENT,
             priority_wait,
+            LIMITS,
             len(listed),
             *per_queue,
         )

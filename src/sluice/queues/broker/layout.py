@@ -125,7 +125,14 @@ class RedisLayout:
 
     def unhold_keys(self) -> list[str]:
         """The keys a script that lets held messages go names first (``lua/held.lua``'s ``unhold``)."""
-        return [self.unacked(), self.unacked_index(), self.held_charges(), self.tenant_usage()]
+        return [
+            self.unacked(),
+            self.unacked_index(),
+            self.held_charges(),
+            self.tenant_usage(),
+            self.key(keys.HELD_LIMITS),
+            self.key(keys.LIMIT_RUNNING),
+        ]
 
     def dead_letters(self, queue: str) -> str:
         return self.key(keys.dead_letters(queue))

@@ -4,8 +4,9 @@
 -- The arguments are built in one place, sluice.queues.broker.fetching.FetchCall.
 --
 -- KEYS[1] kombu's unacked hash, KEYS[2] its unacked index (sorted set by delivery time), KEYS[3]
--- the held messages' charges, KEYS[4] the tenants' usage (held.lua), KEYS[5] the revoked task
--- ids (sorted set: id -> until when kept, sluice.queues.revokes), then four keys per queue, in
+-- the held messages' charges, KEYS[4] the tenants' usage, KEYS[5] the held messages' limits,
+-- KEYS[6] the limits' running counts (held.lua), KEYS[7] the revoked task ids (sorted set: id ->
+-- until when kept, sluice.queues.revokes), then four keys per queue, in
 -- the order to try them: its bell, its dead-letter list, its dead-letter counter, its tenant set.
 -- ARGV[1] now (seconds), ARGV[2] "1" when a bell ring woke this fetch (its token is spent),
 -- ARGV[3] the dead-letter list cap, ARGV[4] the bell cap, ARGV[5] a queue read deep and ARGV[6]
@@ -15,7 +16,7 @@
 -- that order), ARGV[10] the separator of a tenant's queue, ARGV[11] the default tenant, ARGV[12]
 -- and ARGV[13] the tenant and charge headers, ARGV[14] the publish-time header and ARGV[15] the
 -- longest a message waits behind higher priorities of its tenant ("0": no bound), ARGV[16] the
--- number of queues; then four per
+-- concurrency-limits header, ARGV[17] the number of queues; then four per
 -- queue: "1" for a no-ack consumer (the message is only popped, as kombu does for no_ack) or
 -- "0"; the queue's name; for a resource class, the charge of one slot ("<millicores> <bytes>
 -- <gpus>") and the tenants' shares ("<tenant> <weight> <cpu cap> <memory cap> <gpu cap> ...",
@@ -27,7 +28,8 @@
 -- queue, each other on its tenant queue) with the lowest weighted dominant share of what its
 -- held messages charge (dominant-resource fairness over cpu, memory and gpu, in slots of the
 -- class), among those with a message waiting whose charge fits under their quota; inside a
--- tenant, the lowest priority step first, then first in, first out, except that a message at the
+-- tenant, the lowest priority step first, then first in, first out (past a message one of whose
+-- concurrency limits is full, up to SCAN deep: it stays where it is), except that a message at the
 -- head of a later step that has waited past the bound (by its publish-time header) goes first,
 -- the longest-waiting of such first, so no priority starves. A message on the class's own
 -- queue that names another tenant (a plain Celery producer's header, or one put back there) is
@@ -99,17 +101,20 @@ local function envelope(raw)
   return tag, exchange, routing_key, type(headers) == 'table' and headers or {}
 end
 
-local UNACKED, INDEX, CHARGES, USAGE, REVOKED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local UNACKED, INDEX, CHARGES, USAGE, HELD_LIMITS, RUNNING, REVOKED = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
+  KEYS[5], KEYS[6], KEYS[7]
+local UNHOLD = {UNACKED, INDEX, CHARGES, USAGE, HELD_LIMITS, RUNNING}
 local now, woken, cap, bell_cap = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
 local deep_queue, depth = ARGV[5], tonumber(ARGV[6])
 local prefix, sep, tenant_sep, default_tenant = ARGV[7], ARGV[8], ARGV[10], ARGV[11]
 local tenant_header, charge_header = ARGV[12], ARGV[13]
 local steps = {}
 for step in string.gmatch(ARGV[9], '[^,]+') do steps[#steps + 1] = step end
-local sent_header, max_wait = ARGV[14], tonumber(ARGV[15])
-local queues = tonumber(ARGV[16])
-local FIRST = 17  -- the first argument of the first queue
-for j = FIRST + 4 * queues, #ARGV do unhold(UNACKED, INDEX, CHARGES, USAGE, ARGV[j]) end
+local sent_header, max_wait, limits_header = ARGV[14], tonumber(ARGV[15]), ARGV[16]
+local queues = tonumber(ARGV[17])
+local FIRST = 18  -- the first argument of the first queue
+local SCAN = 64   -- how deep a line is read past messages whose concurrency limit is full
+for j = FIRST + 4 * queues, #ARGV do unhold(UNHOLD, ARGV[j]) end
 
 local dead, malformed = 0, 0  -- dead-lettered; and dropped too (one fetch reads at most 100 such)
 
@@ -131,50 +136,72 @@ local function is_tenant(name)
   return type(name) == 'string' and #name <= 64 and string.match(name, '^[%w][%w%._%-]*$') ~= nil
 end
 
--- The next well-formed message of `list` of queue `i` (its head, or `depth` deep), with its tag,
--- exchange, routing key and headers; a malformed one on the way goes to the dead letters.
-local function pop(i, list, deep)
-  local a = FIRST + 4 * (i - 1)
-  while malformed < 100 do
-    local raw
-    if deep then
-      raw = redis.call('LINDEX', list, -1 - depth)
-      if raw then redis.call('LREM', list, -1, raw) end  -- the first equal from the head of the queue: that one
-    else
-      raw = redis.call('RPOP', list)
+-- The ids of a message's concurrency limits ({id, most} pairs in its limits header), and whether
+-- one of them is full now (its running count at its most).
+local function limits_of(headers)
+  local ids, full = {}, false
+  local limits = headers[limits_header]
+  if type(limits) ~= 'table' then return ids, full end
+  for _, limit in ipairs(limits) do
+    if type(limit) == 'table' and type(limit[1]) == 'string' and tonumber(limit[2]) then
+      ids[#ids + 1] = limit[1]
+      if (tonumber(redis.call('HGET', RUNNING, limit[1])) or 0) >= tonumber(limit[2]) then full = true end
     end
-    if not raw then return nil end
-    local tag, exchange, routing_key, headers = envelope(raw)  -- or nil and the reason
-    if tag then return raw, tag, exchange, routing_key, headers end
-    if ARGV[a] ~= '1' then  -- a no-ack consumer's (replies) is dropped, as kombu's would be
-      local header = cjson.encode({reason = exchange, queue = ARGV[a + 1], at = tonumber(now)})
-      redis.call('LPUSH', KEYS[4 * i + 3], header .. '\n' .. raw)
-      redis.call('LTRIM', KEYS[4 * i + 3], 0, cap - 1)
-      redis.call('INCR', KEYS[4 * i + 4])
-      dead = dead + 1
-    end
-    malformed = malformed + 1
   end
-  return nil
+  return ids, full
 end
 
--- Record a taken message as held (with its tenant's charge, on a resource class) and spend a bell token.
-local function hold(i, raw, tag, exchange, routing_key, tenant, charge)
-  if not woken then redis.call('RPOP', KEYS[4 * i + 2]) end
-  redis.call('LTRIM', KEYS[4 * i + 2], 0, bell_cap - 1)
+-- The next well-formed message of `list` of queue `i` (its head, or `depth` deep), with its tag,
+-- exchange, routing key, headers and concurrency limits' ids; a malformed one on the way goes to
+-- the dead letters. With `limited`, a message one of whose limits is full stays where it is and
+-- the one behind it is read, up to SCAN deep: nil and true when all those read were such.
+local function pop(i, list, deep, limited)
+  local a = FIRST + 4 * (i - 1)
+  local at, skipped = deep and depth or 0, false  -- how many messages behind the head
+  while malformed < 100 do
+    local raw = redis.call('LINDEX', list, -1 - at)
+    if not raw then return nil, skipped end
+    local tag, exchange, routing_key, headers = envelope(raw)  -- or nil and the reason
+    local ids, full = {}, false
+    if tag then ids, full = limits_of(headers) end
+    if tag and limited and full then
+      skipped, at = true, at + 1
+      if at >= SCAN then return nil, true end
+    else
+      if at == 0 then redis.call('RPOP', list) else redis.call('LREM', list, -1, raw) end  -- the first equal from the head: that one
+      if tag then return raw, tag, exchange, routing_key, headers, ids end
+      if ARGV[a] ~= '1' then  -- a no-ack consumer's (replies) is dropped, as kombu's would be
+        local header = cjson.encode({reason = exchange, queue = ARGV[a + 1], at = tonumber(now)})
+        redis.call('LPUSH', KEYS[4 * i + 5], header .. '\n' .. raw)
+        redis.call('LTRIM', KEYS[4 * i + 5], 0, cap - 1)
+        redis.call('INCR', KEYS[4 * i + 6])
+        dead = dead + 1
+      end
+      malformed = malformed + 1
+    end
+  end
+  return nil, skipped
+end
+
+-- Record a taken message as held (with its tenant's charge, on a resource class, and its
+-- concurrency limits' counts) and spend a bell token.
+local function hold(i, raw, tag, exchange, routing_key, tenant, charge, ids)
+  if not woken then redis.call('RPOP', KEYS[4 * i + 4]) end
+  redis.call('LTRIM', KEYS[4 * i + 4], 0, bell_cap - 1)
   if ARGV[FIRST + 4 * (i - 1)] == '1' then return end
   redis.call('ZADD', INDEX, now, tag)
   redis.call('HSET', UNACKED, tag, '[' .. raw .. ',' .. cjson.encode(exchange) .. ',' .. cjson.encode(routing_key) .. ']')
   if charge then hold_charge(CHARGES, USAGE, tag, ARGV[FIRST + 4 * (i - 1) + 1], tenant, charge) end
+  hold_limits(HELD_LIMITS, RUNNING, tag, ids or {})
 end
 
 -- A queue that is not a resource class (no slot), a no-ack one, or a deep read: its own lists in order.
 local function take_plain(i, deep)
   local a = FIRST + 4 * (i - 1)
   for _, list in ipairs(lists_of(prefix .. ARGV[a + 1])) do
-    local raw, tag, exchange, routing_key, headers = pop(i, list, deep)
+    local raw, tag, exchange, routing_key, headers, ids = pop(i, list, deep, false)
     if raw then
-      hold(i, raw, tag, exchange, routing_key, default_tenant, parse_charge(ARGV[a + 2]))
+      hold(i, raw, tag, exchange, routing_key, default_tenant, parse_charge(ARGV[a + 2]), ids)
       return raw, tag, headers
     end
   end
@@ -207,7 +234,7 @@ end
 -- A resource class: the tenant with the lowest weighted dominant share first (see the top).
 local function take_fair(i)
   local a = FIRST + 4 * (i - 1)
-  local queue, slot, tenants = ARGV[a + 1], parse_charge(ARGV[a + 2]), KEYS[4 * i + 5]
+  local queue, slot, tenants = ARGV[a + 1], parse_charge(ARGV[a + 2]), KEYS[4 * i + 7]
   local shares = {}
   for name, weight, c, m, g in string.gmatch(ARGV[a + 3], '(%S+) (%S+) (%S+) (%S+) (%S+)') do
     shares[name] = {tonumber(weight), tonumber(c), tonumber(m), tonumber(g)}
@@ -244,8 +271,10 @@ local function take_fair(i)
       end
     end
     if not best then return nil end
-    local raw, tag, exchange, routing_key, headers = pop(i, best_list, false)
-    if raw then
+    local raw, tag, exchange, routing_key, headers, ids = pop(i, best_list, false, true)
+    if not raw and tag then
+      blocked[best] = true  -- every message read of its line waits for a concurrency limit
+    elseif raw then
       local named = headers[tenant_header]
       local step = string.match(best_list, sep .. '(%d+)$')
       if best == default_tenant and named ~= default_tenant and is_tenant(named) then
@@ -261,7 +290,7 @@ local function take_fair(i)
           if cap and need <= cap and use[k] + need > cap then fits = false end
         end
         if fits then
-          hold(i, raw, tag, exchange, routing_key, best, charge)
+          hold(i, raw, tag, exchange, routing_key, best, charge, ids)
           return raw, tag, headers
         end
         redis.call('RPUSH', best_list, raw)  -- back at the head: it waits for its tenant's usage to fall

@@ -6,8 +6,8 @@
 --
 -- KEYS[1] kombu's unacked hash, KEYS[2] its unacked index, KEYS[3] the target queue's list (for
 -- the message's priority and tenant), KEYS[4] the bell its class's workers wait on, KEYS[5] the
--- forward counters hash, KEYS[6] the held charges, KEYS[7] the tenants' usage, KEYS[8] the
--- target class's tenant set.
+-- forward counters hash, KEYS[6] the held charges, KEYS[7] the tenants' usage, KEYS[8] the held
+-- limits, KEYS[9] the limits' running counts (held.lua), KEYS[10] the target class's tenant set.
 -- ARGV[1] the held message's delivery tag, ARGV[2] the message to push (its delivery info and
 -- headers already rewritten for the target), ARGV[3] the bell cap, ARGV[4] the counter's field
 -- ("" to count nothing), ARGV[5] "" to push it at the tail of the queue, or a number d to put it
@@ -17,7 +17,7 @@
 -- visibility timeout: the queue it came from has it again, and nothing is pushed).
 -- include held.lua
 
-if unhold(KEYS[1], KEYS[2], KEYS[6], KEYS[7], ARGV[1]) == 0 then return 0 end
+if unhold({KEYS[1], KEYS[2], KEYS[6], KEYS[7], KEYS[8], KEYS[9]}, ARGV[1]) == 0 then return 0 end
 local depth = tonumber(ARGV[5])
 if depth then
   local ahead = {}
@@ -33,6 +33,6 @@ else
 end
 redis.call('LPUSH', KEYS[4], 1)  -- a bell token, as sluice.queues.broker.bells rings (a test holds them equal)
 redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[3]) - 1)
-if ARGV[6] ~= '' then redis.call('SADD', KEYS[8], ARGV[6]) end
+if ARGV[6] ~= '' then redis.call('SADD', KEYS[10], ARGV[6]) end
 if ARGV[4] ~= '' then redis.call('HINCRBY', KEYS[5], ARGV[4], 1) end
 return 1

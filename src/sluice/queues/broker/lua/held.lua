@@ -1,10 +1,13 @@
--- What held messages charge their tenants (included by every script that holds a message or
--- lets one go: fetch, ack, forward). A held message's charge is recorded beside kombu's unacked
--- hash in the same atomic step that holds it, and removed in the same step that removes it
--- there, so a tenant's usage on a class is always the sum of its held messages' charges, through
--- any kill of a worker, a driver or Redis (sluice.tenants; the keys: sluice.keys.HELD_CHARGES and
--- TENANT_USAGE). Fields and records are tab-separated; numbers stay the strings they were sent
--- as (Lua's own would print a large byte count in exponent form).
+-- What held messages charge their tenants and their concurrency limits (included by every script
+-- that holds a message or lets one go: fetch, ack, forward). A held message's charge and limits
+-- are recorded beside kombu's unacked hash in the same atomic step that holds it, and removed in
+-- the same step that removes it there, so a tenant's usage on a class is always the sum of its
+-- held messages' charges, and a limit's running count the number of its held messages, through
+-- any kill of a worker, a driver or Redis (sluice.tenants, sluice.tasks.limits; the keys:
+-- sluice.keys.HELD_CHARGES, TENANT_USAGE, HELD_LIMITS and LIMIT_RUNNING, in that order after the
+-- unacked hash and index: sluice.queues.broker.layout.RedisLayout.unhold_keys). Fields and
+-- records are tab-separated; numbers stay the strings they were sent as (Lua's own would print
+-- a large byte count in exponent form).
 
 local AXES = {'cpu', 'memory', 'gpu'}
 
@@ -37,9 +40,30 @@ local function release_charge(charges, usage, tag)
   end
 end
 
--- Forget held message `tag`: kombu's unacked hash and index, and its charge. 1 if it was held.
-local function unhold(unacked, index, charges, usage, tag)
-  release_charge(charges, usage, tag)
-  redis.call('ZREM', index, tag)
-  return redis.call('HDEL', unacked, tag)
+-- Record that held message `tag` counts against each concurrency limit of `ids` (a table).
+local function hold_limits(held_limits, running, tag, ids)
+  if #ids == 0 then return end
+  redis.call('HSET', held_limits, tag, cjson.encode(ids))
+  for _, id in ipairs(ids) do redis.call('HINCRBY', running, id, 1) end
+end
+
+-- Remove held message `tag`'s count from its concurrency limits, if it has any.
+local function release_limits(held_limits, running, tag)
+  local record = redis.call('HGET', held_limits, tag)
+  if not record then return end
+  redis.call('HDEL', held_limits, tag)
+  local ok, ids = pcall(cjson.decode, record)
+  if not ok or type(ids) ~= 'table' then return end
+  for _, id in ipairs(ids) do
+    if redis.call('HINCRBY', running, id, -1) <= 0 then redis.call('HDEL', running, id) end
+  end
+end
+
+-- Forget held message `tag`: kombu's unacked hash and index, its charge and its limits' counts.
+-- K: the keys, as RedisLayout.unhold_keys names them. 1 if it was held.
+local function unhold(K, tag)
+  release_charge(K[3], K[4], tag)
+  release_limits(K[5], K[6], tag)
+  redis.call('ZREM', K[2], tag)
+  return redis.call('HDEL', K[1], tag)
 end
