@@ -23,10 +23,11 @@ from sluice.queues.routing import ComputeRouter
 from sluice.queues.task_catalog import TaskDirectory
 from sluice.tasks import memory_profile
 from sluice.tasks.base import ComputeTask
+from sluice.tasks.call_keys import check_argument
 from sluice.tasks.limits import check_max_running
 from sluice.tasks.memory_profile import ProfileCache
 from sluice.tasks.retry import RetryPolicy
-from sluice.tasks.unique import Unique, check_argument
+from sluice.tasks.unique import Unique
 from sluice.tenants import check_tenant
 from sluice.workers.bootstep import SluiceWorkerStep
 

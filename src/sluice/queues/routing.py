@@ -72,8 +72,8 @@ class ComputeRouter:
         headers = options.get("headers")
         if named is None and isinstance(headers, dict):
             named = headers.get(TENANT)
-        if named is None:
-            named = current_tenant() or self.app.default_tenant
+        if named is None:  # checked where it was set: no check on every .delay()
+            return current_tenant() or self.app.default_tenant
         return check_tenant(named)
 
     def _route(self, name: str, options: dict[str, Any], explicit: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from sluice.headers import LIMITS, UNIQUE, attempt_of
 from sluice.ids import new_id
 from sluice.tasks import bulk, ledger, unique
 from sluice.tasks.bulk import BulkResult
+from sluice.tasks.call_keys import call_key, check_key
 from sluice.tasks.escalation import Attempt, end_attempt
 from sluice.tasks.limits import Limit, limits_header
 from sluice.tasks.request import ComputeRequest
@@ -91,10 +92,10 @@ class ComputeTask(Task):
             limits = limits_header(self.name, self.max_running, self.run, args or (), kwargs or {})
             options["headers"] = {**(options.get("headers") or {}), LIMITS: limits}
         if key is None and self.unique is not None:
-            key = unique.call_key(self.unique.key, self.run, args or (), kwargs or {})
+            key = call_key(self.unique.key, self.run, args or (), kwargs or {}, unique.KEY)
         if key is None:
             return super().apply_async(args, kwargs, task_id, **options)
-        key = unique.check_key(key, self.name)
+        key = check_key(key, self.name, unique.KEY)
         ttl = self.unique.ttl if self.unique is not None else unique.DEFAULT_TTL
         task_id = task_id or new_id()
         held = unique.claim(self.app.redis, self.name, key, task_id, ttl)

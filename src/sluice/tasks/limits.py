@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.errors import ConfigurationError
-from sluice.tasks.unique import CallKey, call_key, check_argument, check_call_key
+from sluice.tasks.call_keys import CallKey, call_key, check_argument, check_call_key
 
 #: The largest concurrency limit (a larger one is no limit).
 MAX_RUNNING = 1_000_000
@@ -67,4 +67,4 @@ def limits_header(
     if limit.key is None:
         return [[task, limit.running]]
     name = limit.key if isinstance(limit.key, str) else "key"
-    return [[f"{task}:{name}={call_key(limit.key, run, args, kwargs)}", limit.running]]
+    return [[f"{task}:{name}={call_key(limit.key, run, args, kwargs, 'limit key')}", limit.running]]

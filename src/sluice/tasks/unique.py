@@ -11,69 +11,20 @@ worker renews it when the task starts and when it ends, so it stands while the t
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
 from sluice import keys
 from sluice.errors import ConfigurationError
+from sluice.tasks.call_keys import CallKey, check_call_key
 
-#: The longest idempotency key (a longer one is a value, not a key).
-MAX_KEY_LENGTH = 256
 #: The longest a claim may be kept: a year.
 MAX_TTL = 365 * 86_400
 #: How long an ``idempotency_key=`` claim lasts (a task declared ``unique=`` has its own ``ttl``).
 DEFAULT_TTL = 3600
-
-
-def check_key(key: object, where: str) -> str:
-    """``key`` if it is a usable idempotency key (a non-empty string of at most 256 characters)."""
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        raise ConfigurationError(
-            f"{where}: idempotency key {key!r} must be a non-empty string of at most {MAX_KEY_LENGTH} "
-            'characters (e.g. "order-42"); build one from the call\'s values with str()'
-        )
-    return key
-
-
-#: A call's key: the name of one of the task's arguments, or a callable of ``(args, kwargs)``.
-CallKey = str | Callable[[Sequence[Any], Mapping[str, Any]], str]
-
-
-def check_call_key(key: object, what: str) -> None:
-    """At construction: ``key`` names an argument (an identifier) or is a callable."""
-    if not (isinstance(key, str) and key.isidentifier()) and not callable(key):
-        raise ConfigurationError(
-            f"{what}(key={key!r}) must name an argument of the task or be a callable of (args, kwargs)"
-        )
-
-
-def check_argument(key: CallKey, fun: Callable[..., Any], name: str, bound: bool, what: str) -> None:
-    """At declaration: a key that names no argument of ``fun`` is an error naming the arguments."""
-    if not isinstance(key, str):
-        return
-    params = list(inspect.signature(fun).parameters)[1 if bound else 0 :]
-    if key not in params:
-        raise ConfigurationError(
-            f"{name}: {what}(key={key!r}) names no argument of the task; its arguments: {', '.join(params)}"
-        )
-
-
-def call_key(key: CallKey, fun: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-    """The key of one call of ``fun`` (a bound task's ``run``, whose signature has no self): the
-    named argument's value as a string, or the callable's."""
-    if callable(key):
-        return check_key(key(args, kwargs), "key=...")
-    if key in kwargs:
-        return check_key(str(kwargs[key]), key)
-    params = list(inspect.signature(fun).parameters)
-    index = params.index(key)
-    if index >= len(args):
-        raise ConfigurationError(f"the call has no value for {key!r}, the task's key argument")
-    return check_key(str(args[index]), key)
+#: What the key of a unique call is called in errors.
+KEY = "idempotency key"
 
 
 @dataclass(frozen=True)
