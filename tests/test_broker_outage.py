@@ -86,3 +86,25 @@ def test_a_channel_holding_messages_closes_without_a_crash_when_redis_dies_mid_f
         assert sorted(held) == sorted(tag.encode() for tag in tags), "a held message left the unacked hash"
     finally:
         server.stop()
+
+
+def test_a_publish_whose_connection_drops_again_after_kombu_reconnected_is_retried_not_raised(
+        redis_server: EmbeddedRedis, redis_client: object) -> None:
+    """Redis coming back from a restart can drop a publish more than once (a pooled connection
+    from before the kill, an AOF still loading): here a proxy cuts the connection of the first
+    three requests that push a message. kombu's publish retry used to give up at the second
+    drop, once its reconnect had succeeded (the transport did not say which errors are
+    recoverable); the task now lands, once, within the publish retry policy."""
+    from tests.fault_proxy import CuttingProxy
+
+    proxy = CuttingProxy(("127.0.0.1", redis_server.port), b"LPUSH", cuts=3)
+    try:
+        through_proxy = redis_server.url.replace(f":{redis_server.port}/", f":{proxy.port}/")
+        sender = App("tests.outage.cut", broker=through_proxy, classes=LADDER,
+                     default_compute=Compute(cpu="1", memory="100Mi"))
+        result = sender.send_task("tests.apps.ladder.long_step", args=(0.1,))
+        assert proxy.cut == 3
+        waiting = [m for m in redis_client.lrange("small", 0, -1) if result.id.encode() in m]  # type: ignore[attr-defined]
+        assert len(waiting) == 1
+    finally:
+        proxy.close()

@@ -20,6 +20,7 @@ from typing import Any
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
 
 from sluice import redis_client
 from sluice.ids import new_id
@@ -78,6 +79,15 @@ class Transport(LeaseRenewal, kombu_redis.Transport):
     """kombu's Redis transport with :class:`ReliableChannel`; renews held messages' leases on a timer."""
 
     Channel = ReliableChannel
+
+    #: Which errors kombu's ``Connection.ensure`` (a publish's retry policy) reconnects after:
+    #: every connection error, and a write refused by a master demoted in a failover. Without
+    #: this kombu treats the transport as unable to tell, and gives up at the second error after
+    #: a successful reconnect, though a Redis just back from a restart can drop a command more
+    #: than once (pooled connections from before the kill, an AOF still loading). Errors in a
+    #: command itself (a Lua error, OOM) are not retried.
+    recoverable_connection_errors = (*kombu_redis.Transport.connection_errors, ReadOnlyError)
+    recoverable_channel_errors = ()
 
 
 class SentinelChannel(ReliableChannel, kombu_redis.SentinelChannel):
