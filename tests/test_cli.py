@@ -84,10 +84,10 @@ def test_the_command_loads_what_a_command_runs_only_when_it_runs() -> None:
 def test_explain_prints_effective_compute_and_class() -> None:
     result = sluice("explain", "-A", "tests.apps.basic")
     assert result.returncode == 0, result.stderr
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:6]]
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:7]]
             for line in result.stdout.splitlines() if line.startswith("│")}
-    assert rows["tests.apps.basic.big_task"] == ["memory=4Gi", "cpu=1 memory=4Gi", "-", "highmem"]
-    assert rows["tests.apps.basic.default_task"] == ["(default)", "cpu=1 memory=512Mi", "-", "cpu"]
+    assert rows["tests.apps.basic.big_task"] == ["memory=4Gi", "cpu=1 memory=4Gi", "-", "-", "highmem"]
+    assert rows["tests.apps.basic.default_task"] == ["(default)", "cpu=1 memory=512Mi", "-", "-", "cpu"]
 
 
 @pytest.mark.usefixtures("redis_server")

@@ -48,7 +48,7 @@ def _publish(client: redis.Redis, limits: list[list[Any]] | None) -> str:
 
 def _fetch(client: redis.Redis, acks: tuple[str, ...] = ()) -> str | None:
     reply = scripts.run(client, "fetch", *FETCH.arguments(time.time(), False, "", 0, acks))
-    return reply[3].decode() if len(reply) > 1 else None
+    return reply[3].decode() if len(reply) > 2 else None    # {dead} or {dead, wait}: nothing taken
 
 
 def _running(client: redis.Redis) -> dict[str, int]:
@@ -77,6 +77,47 @@ def test_each_key_has_its_own_count(redis_client: redis.Redis) -> None:
     b1 = _publish(redis_client, [["t:customer=b", 1]])
     assert [_fetch(redis_client), _fetch(redis_client), _fetch(redis_client)] == [a1, b1, None]
     assert _fetch(redis_client, acks=(a1,)) == a2
+
+
+def test_a_rate_limit_spaces_takes_by_redis_clock_and_the_empty_fetch_says_when_the_next_may_start(
+        redis_client: redis.Redis) -> None:
+    """A rate limit of one start per 0.3 s: the first message is taken, the second waits in place
+    while the free one behind it is taken; the fetch that finds only it returns how many
+    microseconds until its start (at most 0.3 s); it is taken once that time has passed, not before."""
+    first, second = (_publish(redis_client, [["r", 0, 0.3]]) for _ in range(2))
+    free = _publish(redis_client, None)
+    began = time.monotonic()
+    assert [_fetch(redis_client), _fetch(redis_client)] == [first, free]
+    reply = scripts.run(redis_client, "fetch", *FETCH.arguments(time.time(), False, "", 0))
+    assert len(reply) == 2 and 0 < reply[1] <= 300_000, reply
+    registry = CollectorRegistry()
+    registry.register(LimitMetrics(redis_client))
+    exposed = generate_latest(registry).decode()
+    assert 'sluice_limit_rate{limit="r"} 3.33' in exposed and 'sluice_limit_next_start_seconds{limit="r"} 0.' in exposed
+    shown = CliRunner().invoke(status)
+    assert "rate limits (used in the last 10 min): r 3.33333/s, next start in 0." in shown.output, shown.output
+    time.sleep(max(0.0, reply[1] / 1e6 - (time.monotonic() - began) - 0.1))
+    assert _fetch(redis_client) is None                      # still 0.1 s early
+    time.sleep(0.15)
+    assert _fetch(redis_client) == second
+    assert redis_client.llen(POOL.name) == 0 and not redis_client.hlen(keys.HELD_LIMITS)
+    assert [m.decode() for m in redis_client.zrange(keys.LIMIT_RATES, 0, -1)] == ["r\t0.3"]
+    assert 0 < redis_client.pttl(keys.LIMIT_NEXT_PREFIX + "r") <= 301      # gone once it passed
+
+
+def test_each_key_has_its_own_rate_and_a_rate_and_a_running_limit_both_hold(redis_client: redis.Redis) -> None:
+    """Keys a and b of one rate limit start back to back; a's second waits for a's spacing. A
+    message under a rate limit and a concurrency limit waits while either has no room."""
+    a1, a2 = (_publish(redis_client, [["t:customer=a", 0, 5]]) for _ in range(2))
+    b1 = _publish(redis_client, [["t:customer=b", 0, 5]])
+    assert [_fetch(redis_client), _fetch(redis_client), _fetch(redis_client)] == [a1, b1, None]
+    redis_client.delete(keys.LIMIT_NEXT_PREFIX + "t:customer=a")            # as if its 5 s had passed
+    assert _fetch(redis_client) == a2
+    both = [_publish(redis_client, [["u", 1, 0], ["u", 0, 5]]) for _ in range(2)]
+    assert _fetch(redis_client, acks=(a1, b1, a2)) == both[0]
+    redis_client.delete(keys.LIMIT_NEXT_PREFIX + "u")
+    assert _fetch(redis_client) is None                                    # running 1 of 1
+    assert _fetch(redis_client, acks=(both[0],)) == both[1]
 
 
 def test_a_limit_of_two_is_never_exceeded_while_workers_are_sigkilled_and_every_task_ends(
@@ -117,8 +158,42 @@ def test_a_limit_per_key_stamps_each_calls_own_id(redis_server: EmbeddedRedis) -
     from sluice.tasks.limits import limits_header
 
     task = limits.per_customer
-    assert limits_header(task.name, task.max_running, task.run, ("acme", 1), {}) == [[f"{task.name}:customer=acme", 1]]
-    assert limits_header(limits.scarce.name, 2, limits.scarce.run, ("x", 0), {}) == [[limits.scarce.name, 2]]
+    assert limits_header(task.name, task.cluster_limits, task.run, ("acme", 1), {}) == [
+        [f"{task.name}:customer=acme", 1, 0]]
+    assert limits_header(limits.scarce.name, {"max_running": 2}, limits.scarce.run, ("x", 0), {}) == [
+        [limits.scarce.name, 2, 0]]
+    metered = limits.metered_per_customer
+    assert limits_header(metered.name, metered.cluster_limits, metered.run, (), {"customer": "acme", "n": 1}) == [
+        [f"{metered.name}:customer=acme", 0, 0.25]]
+
+
+def test_rate_limit_per_worker_leaves_a_plain_rate_to_celery_and_keeps_a_keyed_one_in_the_cluster(
+        redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default a rate_limit string is held by the cluster (stamped on each call, no Celery
+    bucket on the worker); with rate_limit_per_worker it is Celery's again (not stamped, a
+    per-worker bucket), while a keyed Limit, which Celery cannot hold, stays the cluster's."""
+    from celery.utils.time import rate
+
+    from sluice.workers.consumer import SluiceConsumer
+
+    def declared(name: str) -> tuple[Any, Any]:
+        app = App(name)
+
+        @app.task(rate_limit="20/s")
+        def plain(n: int) -> None: ...
+
+        @app.task(rate_limit=Limit("5/s", key="customer"))
+        def keyed(customer: str) -> None: ...
+
+        return plain, keyed
+
+    bucket = SluiceConsumer.bucket_for_task.__get__(object.__new__(SluiceConsumer))
+    plain, keyed = declared("tests.limits.cluster")
+    assert plain.cluster_limits == {"rate_limit": "20/s"} and bucket(plain) is None
+    monkeypatch.setenv("SLUICE_RATE_LIMIT_PER_WORKER", "1")
+    plain, keyed = declared("tests.limits.per_worker")
+    assert plain.cluster_limits == {} and bucket(plain).fill_rate == rate("20/s")
+    assert keyed.cluster_limits == {"rate_limit": Limit("5/s", key="customer")} and bucket(keyed) is None
 
 
 @pytest.mark.parametrize(("option", "match"), [
@@ -133,3 +208,43 @@ def test_a_bad_max_running_is_refused_at_decoration(redis_server: EmbeddedRedis,
         def charge(order_id: str) -> None: ...
     with pytest.raises(ConfigurationError, match=r"Limit\(running\)=-1"):
         Limit(running=-1)
+
+
+@pytest.mark.parametrize(("option", "match"), [
+    ("fast", r"rate_limit='fast' must be a positive rate: \"50/s\", \"10/m\""),
+    ("10/d", r"rate_limit='10/d' must be a positive rate"),
+    ("0/s", r"rate_limit='0/s' must be a positive rate"),
+    (-5, r"rate_limit=-5 must be a positive rate"),
+    (Limit("10/s", key="customer"), r"Limit\(key='customer'\) names no argument"),
+    (Limit(running=2), "is a limit of the other kind"),
+])
+def test_a_bad_rate_limit_is_refused_at_decoration(redis_server: EmbeddedRedis, option: Any, match: str) -> None:
+    """Malformed, zero and negative rates, a key naming no argument, and a concurrency Limit given
+    as a rate: each a ConfigurationError at @app.task naming the value, before any call."""
+    app = App("tests.limits.bad_rate")
+    with pytest.raises(ConfigurationError, match=match):
+        @app.task(rate_limit=option)
+        def charge(order_id: str) -> None: ...
+
+
+def test_explain_shows_each_tasks_limits(redis_server: EmbeddedRedis) -> None:
+    from sluice.cli.status import explain
+
+    shown = CliRunner().invoke(explain, ["-A", "tests.apps.limits"], terminal_width=250)
+    assert shown.exit_code == 0, shown.output
+    rows = {line.split("│")[1].strip(): line.split("│")[5].strip() for line in shown.output.splitlines()
+            if line.startswith("│")}
+    assert rows["tests.apps.limits.metered"] == "20/s"
+    assert rows["tests.apps.limits.metered_per_customer"] == "4/s per customer"
+    assert rows["tests.apps.limits.scarce"] == "2 running"
+    assert rows["tests.apps.limits.per_customer"] == "1 running per customer"
+    assert rows["tests.apps.limits.ping"] == "-"
+
+
+def test_a_limit_needs_exactly_one_of_rate_and_running() -> None:
+    with pytest.raises(ConfigurationError, match=r"needs exactly one of them"):
+        Limit()
+    with pytest.raises(ConfigurationError, match=r"needs exactly one of them"):
+        Limit("5/s", running=2)
+    with pytest.raises(ConfigurationError, match=r"Limit\(rate\)='5/q' must be a positive rate"):
+        Limit("5/q")

@@ -24,7 +24,7 @@ from sluice.queues.task_catalog import TaskDirectory
 from sluice.tasks import memory_profile
 from sluice.tasks.base import ComputeTask
 from sluice.tasks.call_keys import check_argument
-from sluice.tasks.limits import check_max_running
+from sluice.tasks.limits import KEYED_RATE_OPTION, RATE_OPTION, RUNNING_OPTION, Limit, check_limit
 from sluice.tasks.memory_profile import ProfileCache
 from sluice.tasks.retry import RetryPolicy
 from sluice.tasks.unique import Unique
@@ -214,12 +214,14 @@ class App(Celery):
         return self.worker_node or request.hostname or "?"
 
     def task(self, *args: Any, **opts: Any) -> Any:
-        """Celery's ``@app.task``, plus ``compute=``, ``retry=`` and ``unique=``, checked here at decoration time:
-        an unknown option, a compute no class holds, or a policy whose max_memory no class holds,
-        fails at import."""
+        """Celery's ``@app.task``, plus ``compute=``, ``retry=``, ``unique=``, ``max_running=`` and
+        ``rate_limit=Limit(...)``, checked here at decoration time: an unknown option, a compute no
+        class holds, a policy whose max_memory no class holds or a bad limit fails at import."""
         self._check_options(opts, args[0] if args and callable(args[0]) else None)
         if "retry" in opts:
             opts["retry_policy"] = opts.pop("retry")
+        if isinstance(opts.get(RATE_OPTION), Limit):  # not Celery's rate_limit: its code reads that as a rate
+            opts[KEYED_RATE_OPTION] = opts.pop(RATE_OPTION)
         if args and callable(args[0]):
             self._check_task(args[0], opts)
             return super().task(*args, **opts)
@@ -254,9 +256,9 @@ class App(Celery):
                     f'{name}: unique={unique!r} must be a sluice.Unique, e.g. Unique(key="order_id")'
                 )
             check_argument(unique.key, fun, name, bool(opts.get("bind")), "Unique")
-        running = opts.get("max_running")
-        if running is not None:
-            check_max_running(running, fun, name, bool(opts.get("bind")))
+        for given, option in ((RATE_OPTION, RATE_OPTION), (KEYED_RATE_OPTION, RATE_OPTION), (RUNNING_OPTION,) * 2):
+            if opts.get(given) is not None:
+                check_limit(option, opts[given], fun, name, bool(opts.get("bind")))
         effective = self.unlearned((compute or Compute()).inherit(self.default_compute))
         self.catalog.route(effective, name)
         if policy is not None:

@@ -119,6 +119,13 @@ HELD_LIMITS = f"{PREFIX}held-limits"
 #: kept in the same steps as :data:`HELD_LIMITS`.
 LIMIT_RUNNING = f"{PREFIX}limit-running"
 
+#: String per rate limit (this prefix + the limit's id): the earliest next start of a call under
+#: it, in microseconds of Redis's clock, expiring then (``sluice.tasks.limits``, the fetch script).
+LIMIT_NEXT_PREFIX = f"{PREFIX}limit-next:"
+#: Sorted set: "<rate limit id>\t<seconds between starts>" -> when a call under it last started;
+#: those not started for ten minutes are dropped (what ``sluice status`` and the metrics show).
+LIMIT_RATES = f"{PREFIX}limit-rates"
+
 #: Sorted set: task id -> until when its revoke is kept (seconds since the epoch): no worker
 #: starts a task recorded here (``sluice.queues.revokes``; the fetch script flags it).
 REVOKED = f"{PREFIX}revoked"

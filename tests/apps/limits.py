@@ -1,4 +1,4 @@
-"""Test app for cluster-wide limits: unique tasks and concurrency limits."""
+"""Test app for cluster-wide limits: unique tasks, rate and concurrency limits."""
 
 from __future__ import annotations
 
@@ -39,3 +39,23 @@ def scarce(self: Any, label: str, seconds: float) -> str:
 def per_customer(customer: str, n: int) -> str:
     """At most one at once per customer."""
     return f"{customer}-{n}"
+
+
+#: Each run of ``metered`` and ``metered_per_customer`` pushes "<label> <start time>" here.
+STARTS = "test:limits-starts"
+
+
+@app.task(rate_limit="20/s")
+def metered(label: str) -> None:
+    """At most 20 started per second across the cluster; records when its body started."""
+    import time
+
+    app.redis.rpush(STARTS, f"{label} {time.time()!r}")
+
+
+@app.task(rate_limit=Limit("4/s", key="customer"))
+def metered_per_customer(customer: str, n: int) -> None:
+    """At most 4 started per second per customer; records when its body started."""
+    import time
+
+    app.redis.rpush(STARTS, f"{customer} {time.time()!r}")

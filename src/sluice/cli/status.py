@@ -19,6 +19,7 @@ from sluice.queues.status import (
     class_status,
     intake_status,
     limits_running,
+    rate_limits,
     tasks_by_class,
     tenant_status,
 )
@@ -33,7 +34,8 @@ def status(app_name: str | None) -> None:
     size, and the tasks of the cluster's task catalog it serves; then the intake queue (plain
     Celery clients' tasks waiting to be forwarded); then, where a class is shared, each tenant's
     weight and quota there, its waiting messages and what its running tasks hold; then how many
-    run under each concurrency limit."""
+    run under each concurrency limit, and each rate limit used in the last ten minutes with when
+    its next call may start."""
     broker = broker_client(app_name)
     try:
         rows = class_status(broker.client, broker.catalog)
@@ -41,6 +43,7 @@ def status(app_name: str | None) -> None:
         serves = tasks_by_class(task_catalog.read(broker.client), broker.catalog)
         tenants = tenant_status(broker.client, broker.catalog)
         limited = limits_running(broker.client)
+        rates = rate_limits(broker.client)
     except redis.RedisError as exc:
         raise click.ClickException(f"cannot read the broker: {exc}") from None
     table = Table(title="sluice status")
@@ -71,6 +74,11 @@ def status(app_name: str | None) -> None:
         console.print(_tenant_table(tenants))
     if limited:
         console.print("running under concurrency limits: " + ", ".join(f"{k} {n}" for k, n in limited.items()))
+    if rates:
+        console.print(
+            "rate limits (used in the last 10 min): "
+            + ", ".join(f"{r.limit} {r.per_second:g}/s, next start in {r.next_in:.2f} s" for r in rates)
+        )
     if serves.get("?"):
         console.print(f"[yellow]no class here holds[/yellow] {', '.join(serves['?'])}")
 
@@ -100,9 +108,10 @@ def _tenant_table(rows: list[TenantStatus]) -> Table:
     "(the app's classes still route them).",
 )
 def explain(app_name: str | None, from_cluster: bool) -> None:
-    """For each task: declared compute, effective compute, retry policy, the class it routes to,
-    and the memory its runs were observed to use (p50/p95/peak, runs), flagged when the declared
-    memory is over twice the p95 (over-provisioned) or runs were killed for memory."""
+    """For each task: declared compute, effective compute, retry policy, rate and concurrency
+    limits, the class it routes to, and the memory its runs were observed to use (p50/p95/peak,
+    runs), flagged when the declared memory is over twice the p95 (over-provisioned) or runs
+    were killed for memory."""
     from_code = bool(app_name) and not from_cluster
     if from_code:
         app = load_app(str(app_name))
@@ -125,6 +134,7 @@ def explain(app_name: str | None, from_cluster: bool) -> None:
         "declared",
         "effective",
         "retry",
+        "limits",
         "class",
         "observed p50/p95/peak (runs)",
         "flag",
@@ -151,6 +161,7 @@ def explain(app_name: str | None, from_cluster: bool) -> None:
             entry.declared.describe() if entry.declared else "(default)",
             effective.describe(),
             entry.retry.describe() if entry.retry is not None else "-",
+            entry.limits or "-",
             where,
             *_observed(observed, effective),
         ]

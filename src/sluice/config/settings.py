@@ -27,7 +27,7 @@ from sluice.compute import Compute
 from sluice.config.declare import kinds, read, setting, shared
 from sluice.config.sources import merged_layers
 from sluice.config.up import embedded_state
-from sluice.config.values import ClassTables, DefaultCompute, Memory, Number, PathValue, Text
+from sluice.config.values import ClassTables, DefaultCompute, Flag, Memory, Number, PathValue, Text
 from sluice.errors import ConfigurationError
 from sluice.queues.catalog import Catalog
 from sluice.tenants import DEFAULT_TENANT, check_tenant
@@ -160,6 +160,12 @@ class Settings:
         "The longest a task sent with a priority waits behind higher priorities of its tenant "
         "on its class before it goes first (priority aging), in seconds; 0: no bound",
         default=300.0,
+    )
+    rate_limit_per_worker: bool = setting(
+        Flag(),
+        "Give a task's rate_limit Celery's meaning: each worker process keeps the rate for itself "
+        "(holding messages in its memory); default: the rate holds across the whole cluster",
+        default=False,
     )
     sentinel_master: str | None = setting(
         Text(), "With a sentinel:// broker: the name the Sentinels monitor the master under", default=None

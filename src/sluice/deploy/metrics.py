@@ -21,7 +21,7 @@ from sluice import entries, keys
 from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.queues.catalog import Catalog
-from sluice.queues.status import class_status, intake_status, limits_running, tenant_status
+from sluice.queues.status import class_status, intake_status, limits_running, rate_limits, tenant_status
 from sluice.tasks import memory_profile
 
 
@@ -162,8 +162,11 @@ class TenantMetrics(Collector):
 
 
 class LimitMetrics(Collector):
-    """``sluice_limit_running{limit}``: the tasks running now under each concurrency limit
-    (``sluice.tasks.limits``; a limit with none running is not listed)."""
+    """``sluice_limit_running{limit}``: the tasks running now under each concurrency limit (a limit
+    with none running is not listed); ``sluice_limit_rate{limit}``, the starts per second of each
+    rate limit used in the last ten minutes, and ``sluice_limit_next_start_seconds{limit}``, how
+    long until its next call may start (0: one may now; above 0 while calls wait for it).
+    See ``sluice.tasks.limits``."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -172,7 +175,14 @@ class LimitMetrics(Collector):
         running = GaugeMetricFamily("sluice_limit_running", "Tasks running under a concurrency limit", labels=["limit"])
         for limit, count in limits_running(self.client).items():
             running.add_metric([limit], count)
-        yield running
+        rate = GaugeMetricFamily("sluice_limit_rate", "Starts per second a rate limit allows", labels=["limit"])
+        next_start = GaugeMetricFamily(
+            "sluice_limit_next_start_seconds", "Seconds until a rate limit lets its next call start", labels=["limit"]
+        )
+        for use in rate_limits(self.client):
+            rate.add_metric([use.limit], use.per_second)
+            next_start.add_metric([use.limit], use.next_in)
+        yield from (running, rate, next_start)
 
 
 def _resources(compute: Compute) -> tuple[tuple[str, float | None], ...]:

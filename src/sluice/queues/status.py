@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -126,6 +126,40 @@ def limits_running(client: redis.Redis) -> dict[str, int]:
     """Each concurrency limit's running count now (``sluice.tasks.limits``; none running: not listed)."""
     counts = entries.decode_each("limit count", client.hgetall(keys.LIMIT_RUNNING).items(), _count)
     return dict(sorted(counts))
+
+
+@dataclass(frozen=True)
+class RateUse:
+    """A rate limit a call started under in the last ten minutes (``sluice.tasks.limits``)."""
+
+    limit: str
+    per_second: float
+    last_start: float  #: when the last call under it started (epoch seconds, Redis's clock)
+    next_in: float  #: seconds until the next may start (0: one may start now)
+
+
+def rate_limits(client: redis.Redis) -> list[RateUse]:
+    """Each rate limit used in the last ten minutes, by id (two round trips)."""
+    used = cast("list[tuple[bytes, float]]", client.zrange(keys.LIMIT_RATES, 0, -1, withscores=True))
+    listed = entries.decode_each("rate limit", used, _rate_entry)
+    if not listed:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for limit, _, _ in listed:
+        pipe.get(keys.LIMIT_NEXT_PREFIX + limit)
+    pipe.time()
+    *nexts, (seconds, micros) = pipe.execute()
+    now = seconds * 1_000_000 + micros
+    uses = [
+        RateUse(limit, 1 / every, last, max(0.0, (int(nxt) - now) / 1e6) if nxt else 0.0)
+        for (limit, every, last), nxt in zip(listed, nexts)
+    ]
+    return sorted(uses, key=lambda use: use.limit)
+
+
+def _rate_entry(item: tuple[bytes | str, float]) -> tuple[str, float, float]:
+    limit, every = entries.text(item[0]).rsplit("\t", 1)
+    return limit, float(every), float(item[1])
 
 
 def _count(item: tuple[bytes | str, bytes | str]) -> tuple[str, int]:

@@ -22,6 +22,7 @@ import redis
 
 from sluice import entries, keys
 from sluice.compute import Compute
+from sluice.tasks import limits
 from sluice.tasks.retry import RetryPolicy
 
 log = logging.getLogger("sluice.catalog")
@@ -38,6 +39,7 @@ class TaskEntry:
     worker: str  #: the worker that published it last
     at: float  #: when (epoch seconds)
     fallback: int | None = None  #: bytes a memory="auto" task runs with until learned (its app's default)
+    limits: str = ""  #: its rate and concurrency limits in words (``sluice.tasks.limits.describe``)
 
     def encode(self) -> str:
         return json.dumps(
@@ -48,6 +50,7 @@ class TaskEntry:
                 "worker": self.worker,
                 "at": self.at,
                 "fallback": self.fallback,
+                "limits": self.limits,
             }
         )
 
@@ -62,6 +65,7 @@ class TaskEntry:
             str(data.get("worker") or "?"),
             float(data.get("at") or 0),
             int(data["fallback"]) if data.get("fallback") else None,
+            str(data.get("limits") or ""),
         )
 
 
@@ -77,6 +81,7 @@ def entries_of(app: Any, worker: str) -> list[TaskEntry]:
             worker,
             now,
             app.fallback_memory,
+            limits.describe(task),
         )
         for name, task in sorted(app.tasks.items())
         if not name.startswith("celery.")

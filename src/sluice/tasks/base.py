@@ -17,7 +17,7 @@ from sluice.tasks import bulk, ledger, unique
 from sluice.tasks.bulk import BulkResult
 from sluice.tasks.call_keys import call_key, check_key
 from sluice.tasks.escalation import Attempt, end_attempt
-from sluice.tasks.limits import Limit, limits_header
+from sluice.tasks.limits import RATE_OPTION, RUNNING_OPTION, Limit, limits_header
 from sluice.tasks.request import ComputeRequest
 from sluice.tasks.retry import Reason, RetryPolicy, classify
 from sluice.tasks.unique import Unique
@@ -55,6 +55,8 @@ class ComputeTask(Task):
     unique: Unique | None = None
     #: At most this many running at once across the cluster (``@app.task(max_running=...)``).
     max_running: int | Limit | None = None
+    #: ``@app.task(rate_limit=Limit(...))``, kept apart from Celery's ``rate_limit`` (see ``sluice.tasks.limits``).
+    keyed_rate_limit: Limit | None = None
     #: Whether the stored state (``result_extended``) repeats the task's arguments; False for a task
     #: whose arguments are bulk data (``@app.task(result_args=False)``; a batch chunk's are).
     result_args: bool = True
@@ -62,6 +64,19 @@ class ComputeTask(Task):
     #: Celery's per-task message handler, behind admission (a task its class cannot hold is forwarded)
     Strategy = "sluice.workers.admission:strategy"
     _warned_eager: bool = False
+
+    @property
+    def cluster_limits(self) -> dict[str, Any]:
+        """The limits the cluster holds this task's calls to (option -> value): ``max_running``,
+        and ``rate_limit`` unless the ``rate_limit_per_worker`` setting leaves a plain rate to
+        Celery (a keyed :class:`Limit` has no Celery meaning: the cluster always holds it)."""
+        limits: dict[str, Any] = {}
+        rate = self.keyed_rate_limit or self.rate_limit
+        if rate is not None and (isinstance(rate, Limit) or not self.app.settings.rate_limit_per_worker):
+            limits[RATE_OPTION] = rate
+        if self.max_running is not None:
+            limits[RUNNING_OPTION] = self.max_running
+        return limits
 
     @property
     def effective_compute(self) -> Compute:
@@ -83,14 +98,15 @@ class ComputeTask(Task):
         return bulk.delay_many(self, items, kwargs=kwargs, chunk=chunk, progress=progress, tenant=tenant)
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
-        """Celery's, plus the call's concurrency limits in its headers (the task's
+        """Celery's, plus the call's limits in its headers (the task's ``rate_limit=`` and
         ``max_running=``, ``sluice.tasks.limits``) and ``idempotency_key=`` (or the task's
         ``unique=``): a call whose key is held already publishes nothing and returns the
         holder's result (``sluice.tasks.unique``)."""
         key = options.pop("idempotency_key", None)
-        if self.max_running is not None:
-            limits = limits_header(self.name, self.max_running, self.run, args or (), kwargs or {})
-            options["headers"] = {**(options.get("headers") or {}), LIMITS: limits}
+        limits = self.cluster_limits
+        if limits:
+            header = limits_header(self.name, limits, self.run, args or (), kwargs or {})
+            options["headers"] = {**(options.get("headers") or {}), LIMITS: header}
         if key is None and self.unique is not None:
             key = call_key(self.unique.key, self.run, args or (), kwargs or {}, unique.KEY)
         if key is None:

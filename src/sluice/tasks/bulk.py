@@ -259,13 +259,13 @@ def _plain_text(text: str) -> bool:
 def _needs_apply_async(task: Task, queue: Any) -> bool:
     """Where the pipelined path would not build what ``apply_async`` does: eager mode, publish
     signal receivers (they see each message), compression, a queue that expires (kombu sends
-    more commands for it), a unique task (each call claims its idempotency key) or a limited one
-    (each call carries its own limits)."""
+    more commands for it), a unique task (each call claims its idempotency key) or one the cluster
+    limits (each call carries its own limits)."""
     conf = task.app.conf
     return bool(
         conf.task_always_eager
         or getattr(task, "unique", None) is not None
-        or getattr(task, "max_running", None) is not None
+        or bool(getattr(task, "cluster_limits", None))
         or signals.before_task_publish.receivers
         or signals.after_task_publish.receivers
         or getattr(task, "compression", None)

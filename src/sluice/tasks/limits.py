@@ -1,14 +1,20 @@
-"""Concurrency limits across the cluster: never more than N of a task, or of a task per key,
-running at once, on every worker together.
+"""Rate and concurrency limits across the cluster: never more than N of a task, or of a task
+per key, started per second (minute, hour), or running at once, on every worker together.
 
-``@app.task(max_running=4)`` limits the task; ``@app.task(max_running=Limit(running=2,
-key="customer"))`` limits the calls that share a value of the ``customer`` argument (or of a
-callable of the call's ``(args, kwargs)``). A call carries its limits in the ``sluice_limits``
-header (``[[id, most], ...]``, made here at publish); the fetch script takes a message only
-while each of its limits counts fewer than its most, reading past one that must wait (it stays
-in Redis, in its place), and counts it in the same atomic step that holds it (``lua/held.lua``):
-the count is always the number of held messages, through worker kills, restores and Redis
-restarts. A plain producer's message has no limits header, and no limit.
+``@app.task(rate_limit="50/s")`` (Celery's option and syntax) spaces the task's starts 1/50 s
+apart over the whole cluster; ``@app.task(max_running=4)`` limits how many run at once. Either
+takes a :class:`Limit` with a ``key`` (an argument's name, or a callable of the call's ``(args,
+kwargs)``): ``rate_limit=Limit("10/s", key="customer")``, ``max_running=Limit(running=2,
+key="customer")`` limit the calls that share the key's value. A call carries its limits in the
+``sluice_limits`` header (``[[id, most running, seconds between starts], ...]``, made here at
+publish). The fetch script takes a message only while each of its limits has room, reading past
+one that must wait (it stays in Redis, in its place), and spends the room in the same atomic
+step that holds it (``lua/held.lua``): a running count is always the number of held messages,
+through worker kills, restores and Redis restarts, and a rate limit's next start is a key that
+expires when it may happen (Redis's clock, one for every worker). A worker with nothing else to
+take waits for that moment instead of asking again. A plain producer's message has no limits
+header, and no limit; the ``rate_limit_per_worker`` setting gives ``rate_limit`` back its Celery
+meaning (each worker process keeps the rate for itself, holding messages in its memory).
 """
 
 from __future__ import annotations
@@ -17,11 +23,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery.utils.time import rate as per_second
+
 from sluice.errors import ConfigurationError
 from sluice.tasks.call_keys import CallKey, call_key, check_argument, check_call_key
 
 #: The largest concurrency limit (a larger one is no limit).
 MAX_RUNNING = 1_000_000
+#: The task options that take a :class:`Limit` (``rate_limit`` is Celery's own).
+RATE_OPTION, RUNNING_OPTION = "rate_limit", "max_running"
+#: Where a task keeps ``rate_limit=Limit(...)``: Celery's ``rate_limit`` attribute is read as a
+#: rate by Celery's own code (a plain Celery app's worker, ``celery control``).
+KEYED_RATE_OPTION = "keyed_rate_limit"
 
 
 def _check_running(running: object, what: str) -> int:
@@ -30,41 +43,107 @@ def _check_running(running: object, what: str) -> int:
     return running
 
 
+#: A rate as Celery writes one: "50/s", "10/m", "100/h", or a number (per second).
+Rate = str | int | float
+
+
+def parse_rate(rate: object, what: str) -> float:
+    """``rate`` in calls per second; a malformed, zero or negative one is an error naming it."""
+    try:
+        value = per_second(rate) if isinstance(rate, (str, int, float)) and not isinstance(rate, bool) else 0.0
+    except (ValueError, KeyError):
+        value = 0.0
+    if not value > 0:
+        raise ConfigurationError(
+            f'{what}={rate!r} must be a positive rate: "50/s", "10/m", "100/h" or a number (per second)'
+        )
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Limit:
-    """At most ``running`` calls at once that share ``key`` (an argument's name, or a callable of
-    ``(args, kwargs)``; None: the whole task)."""
+    """A limit on the calls that share ``key`` (an argument's name, or a callable of ``(args,
+    kwargs)``; None: the whole task): ``rate`` starts per second, minute or hour (for
+    ``rate_limit=``), or ``running`` at once (for ``max_running=``)."""
 
-    running: int
+    rate: Rate | None = None
+    running: int | None = None
     key: CallKey | None = None
 
     def __post_init__(self) -> None:
-        _check_running(self.running, "Limit(running)")
+        if (self.rate is None) == (self.running is None):
+            raise ConfigurationError(
+                f"Limit(rate={self.rate!r}, running={self.running!r}) needs exactly one of them: "
+                'Limit("10/s", key=...) for rate_limit=, Limit(running=2, key=...) for max_running='
+            )
+        if self.rate is not None:
+            parse_rate(self.rate, "Limit(rate)")
+        if self.running is not None:
+            _check_running(self.running, "Limit(running)")
         if self.key is not None:
             check_call_key(self.key, "Limit")
 
 
-def as_limit(max_running: int | Limit) -> Limit:
-    """``max_running=`` as a :class:`Limit` (an int: the whole task)."""
-    return max_running if isinstance(max_running, Limit) else Limit(_check_running(max_running, "max_running"))
+def as_limit(value: object, option: str) -> Limit:
+    """``max_running=`` or ``rate_limit=`` as a :class:`Limit` (a number or a rate string: the
+    whole task); one that is neither, or a Limit of the other kind, is an error naming it."""
+    if isinstance(value, Limit):
+        if (value.rate is None) == (option == RATE_OPTION):
+            raise ConfigurationError(
+                f'{option}={value!r} is a limit of the other kind: rate_limit=Limit("10/s", ...), '
+                "max_running=Limit(running=2, ...)"
+            )
+        return value
+    if option == RATE_OPTION:
+        parse_rate(value, option)
+        return Limit(rate=value)  # type: ignore[arg-type]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigurationError(f"max_running={value!r} must be a whole number or a sluice.Limit")
+    return Limit(running=_check_running(value, "max_running"))
 
 
-def check_max_running(max_running: object, fun: Callable[..., Any], name: str, bound: bool) -> None:
-    """At declaration: an int or a Limit, whose key names an argument of ``fun``."""
-    if not isinstance(max_running, (int, Limit)) or isinstance(max_running, bool):
-        raise ConfigurationError(f"{name}: max_running={max_running!r} must be a whole number or a sluice.Limit")
-    limit = as_limit(max_running)
+def check_limit(option: str, value: object, fun: Callable[..., Any], name: str, bound: bool) -> None:
+    """At declaration: ``value`` is usable for ``option``, and a key of it names an argument of ``fun``."""
+    try:
+        limit = as_limit(value, option)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{name}: {exc}") from None
     if limit.key is not None:
         check_argument(limit.key, fun, name, bound, "Limit")
 
 
 def limits_header(
-    task: str, max_running: int | Limit, run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    task: str, limits: Mapping[str, object], run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> list[list[Any]]:
-    """The ``sluice_limits`` header of one call: ``[[id, most]]``, the id naming the task and, for
-    a keyed limit, the key's value."""
-    limit = as_limit(max_running)
-    if limit.key is None:
-        return [[task, limit.running]]
-    name = limit.key if isinstance(limit.key, str) else "key"
-    return [[f"{task}:{name}={call_key(limit.key, run, args, kwargs, 'limit key')}", limit.running]]
+    """The ``sluice_limits`` header of one call: ``[id, most running (0: none), seconds between
+    starts (0: none)]`` for each of ``limits`` (option -> value, as the task declares them), the
+    id naming the task and, for a keyed limit, the key's value."""
+    header = []
+    for option, value in limits.items():
+        limit = as_limit(value, option)
+        name = task
+        if limit.key is not None:
+            key = call_key(limit.key, run, args, kwargs, "limit key")
+            name = f"{task}:{limit.key if isinstance(limit.key, str) else 'key'}={key}"
+        if limit.rate is not None:
+            header.append([name, 0, 1 / parse_rate(limit.rate, option)])
+        else:
+            header.append([name, limit.running, 0])
+    return header
+
+
+def describe(task: Any) -> str:
+    """A task's limits in words, for ``sluice explain``: "20/s; 2 running per customer"; a rate
+    left to Celery (``rate_limit_per_worker``) says so; "" when it has none."""
+    held = getattr(task, "cluster_limits", {})
+    words = []
+    for option, value in held.items():
+        limit = as_limit(value, option)
+        what = str(limit.rate) if limit.rate is not None else f"{limit.running} running"
+        if limit.key is not None:
+            what += f" per {limit.key if isinstance(limit.key, str) else 'key'}"
+        words.append(what)
+    rate = getattr(task, RATE_OPTION, None)
+    if rate is not None and RATE_OPTION not in held:
+        words.append(f"{rate} per worker process")
+    return "; ".join(words)

@@ -1,6 +1,7 @@
 """SluiceConsumer: Celery's consumer, which keeps every message it cannot run as a dead letter,
-forwards a task it lacks the code of where the task catalog says it fits, and refuses to
-consume a class it cannot serve (``add_consumer``; see ``sluice.workers.admission``).
+forwards a task it lacks the code of where the task catalog says it fits, refuses to
+consume a class it cannot serve (``add_consumer``; see ``sluice.workers.admission``), and
+keeps no per-worker bucket for a rate the cluster holds (``sluice.tasks.limits``).
 
 Celery rejects (and so deletes) a message it cannot decode, one without a task envelope, one
 naming a task this worker has not registered and one whose fields are invalid. sluice keeps a
@@ -21,6 +22,7 @@ from celery.worker.consumer import Consumer
 from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.broker.letters import DeadLetter, dead_letter
 from sluice.queues.status import message_compute
+from sluice.tasks.limits import RATE_OPTION
 from sluice.workers import admission
 
 log = logging.getLogger("sluice.worker")
@@ -47,6 +49,14 @@ class SluiceConsumer(Consumer):
             log.exception("could not forward unregistered task message %s by the task catalog", message.delivery_tag)
         self._keep(message, f"unregistered task {exc}")
         super().on_unknown_task(body, message, exc)
+
+    def bucket_for_task(self, type: Any) -> Any:
+        """Celery's per-worker token bucket of a task's ``rate_limit``, unless the cluster holds the
+        rate (``sluice.tasks.limits``): then the fetch script spaces the task's starts, and a
+        bucket here would only hold messages back in this worker's memory."""
+        if getattr(type, "cluster_limits", {}).get(RATE_OPTION) is not None:
+            return None
+        return super().bucket_for_task(type)
 
     def add_task_queue(self, queue: str, *args: Any, **kwargs: Any) -> None:
         """Celery's ``add_consumer``, refused for a class this worker cannot serve (admission)."""

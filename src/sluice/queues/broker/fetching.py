@@ -61,7 +61,7 @@ class FetchCall:
         class what the fetch needs of it (``ResourceClass.fetch_terms``; None for another queue);
         ``priority_wait``: the longest a message waits behind higher priorities (0: no bound)."""
         listed = list(queues)
-        script_keys = [*layout.unhold_keys(), layout.revoked()]
+        script_keys = [*layout.unhold_keys(), layout.revoked(), layout.limit_rates()]
         per_queue: list[Any] = []
         for queue, no_ack, terms in listed:
             script_keys += [
@@ -83,6 +83,7 @@ class FetchCall:
             SENT,
             priority_wait,
             LIMITS,
+            layout.limit_next_prefix(),
             len(listed),
             *per_queue,
         )
@@ -110,6 +111,9 @@ class Fetching(kombu_redis.Channel):
     _waiting = False
     #: A bell token was taken by the wait that preceded this fetch.
     _woken = False
+    #: No fetch until a timer on the event loop ends the wait: a message waits for a rate
+    #: limit's next start, sooner than a wait on the bells could end (see ``_wait``).
+    _deferred = False
     # kombu's Channel declares these False and None only; they hold the connection a fetch or
     # wait is in flight on (None or False: none) and when it was sent (time.monotonic()).
     _in_poll: ConnectionInterface | bool | None  # type: ignore[assignment]
@@ -169,6 +173,10 @@ class Fetching(kombu_redis.Channel):
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return
+        if self._deferred:
+            if self.pending_acks:
+                self.flush_acks()  # no fetch carries them before the timer
+            return
         if self._waiting:
             self.flush_acks()  # a wait on the bells carries none
             command = ["BRPOP", *(self.layout.bell(queue) for queue in queues), timeout or self.brpop_timeout]
@@ -208,7 +216,7 @@ class Fetching(kombu_redis.Channel):
         return cached
 
     def _brpop_read(self, **options: Any) -> bool:
-        waited, connection = self._waiting, self.client.connection
+        waited, connection, sent_at = self._waiting, self.client.connection, self._brpop_sent_at
         try:
             try:
                 reply = self.client.parse_response(connection, "BRPOP" if waited else "EVALSHA", **options)
@@ -231,15 +239,35 @@ class Fetching(kombu_redis.Channel):
         if dead:
             log.warning("moved %d malformed message(s) to the dead letters (sluice dead-letters list)", dead)
         self._woken = False
-        if not taken and self._depth:
+        if len(taken) <= 1 and self._depth:
             self.qos.gate.found_nothing()  # a depth came from it
             raise Empty()
-        if not taken:
-            self._waiting = True
+        if len(taken) <= 1:  # nothing to take; maybe a message waiting for a rate limit
+            self._wait(int(taken[0]) / 1e6 if taken else None, sent_at or time.monotonic())
             raise Empty()
         number, raw, tag, revoked = taken
         self._deliver_fetched(self._fetching[int(number) - 1], raw, bytes_to_str(tag), bool(revoked))
         return True
+
+    def _wait(self, rate_wait: float | None, sent_at: float) -> None:
+        """After a fetch that took nothing: wait on the bells (a publish rings one; the wait ends
+        after ``brpop_timeout`` anyway), or, when a message waits for a rate limit's next start
+        sooner than that, fetch again at that moment: Redis ends a blocking wait only on its
+        tenth-of-a-second clock, and a worker asking again and again would spin. The moment is
+        counted from when the fetch was sent (``sent_at``, monotonic): the script ran about half
+        a round trip later, so the next fetch, sent then, reaches Redis about when it may start
+        one, and the rate is not lost to the reply's way back."""
+        loop = getattr(self.connection, "event_loop", None)
+        if rate_wait is None or loop is None or rate_wait >= self.brpop_timeout:
+            self._waiting = True
+            return
+        delay = sent_at + rate_wait - time.monotonic()
+        if delay > 0:
+            self._deferred = True
+            loop.call_later(delay, self._end_deferral)
+
+    def _end_deferral(self) -> None:
+        self._deferred = False
 
     def _deliver_fetched(self, queue: str, raw: bytes, tag: str, revoked: bool = False) -> None:
         """Hand a fetched message to its consumer; one that cannot be goes to the dead letters.

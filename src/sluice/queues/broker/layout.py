@@ -123,6 +123,12 @@ class RedisLayout:
     def revoked(self) -> str:
         return self.key(keys.REVOKED)
 
+    def limit_rates(self) -> str:
+        return self.key(keys.LIMIT_RATES)
+
+    def limit_next_prefix(self) -> str:
+        return self.key(keys.LIMIT_NEXT_PREFIX)
+
     def unhold_keys(self) -> list[str]:
         """The keys a script that lets held messages go names first (``lua/held.lua``'s ``unhold``)."""
         return [

@@ -79,6 +79,13 @@ class Transport(LeaseRenewal, kombu_redis.Transport):
     """kombu's Redis transport with :class:`ReliableChannel`; renews held messages' leases on a timer."""
 
     Channel = ReliableChannel
+    #: The worker's event loop, once the transport is registered with one (None: a consumer that
+    #: drains events without one); a channel waiting for a rate limit sets a timer on it.
+    event_loop: Any = None
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        super().register_with_event_loop(connection, loop)
+        self.event_loop = loop
 
     #: Which errors kombu's ``Connection.ensure`` (a publish's retry policy) reconnects after:
     #: every connection error, and a write refused by a master demoted in a failover. Without

@@ -6,8 +6,9 @@
 -- KEYS[1] kombu's unacked hash, KEYS[2] its unacked index (sorted set by delivery time), KEYS[3]
 -- the held messages' charges, KEYS[4] the tenants' usage, KEYS[5] the held messages' limits,
 -- KEYS[6] the limits' running counts (held.lua), KEYS[7] the revoked task ids (sorted set: id ->
--- until when kept, sluice.queues.revokes), then four keys per queue, in
--- the order to try them: its bell, its dead-letter list, its dead-letter counter, its tenant set.
+-- until when kept, sluice.queues.revokes), KEYS[8] the rate limits in use (sorted set: "<id>\t<seconds
+-- between starts>" -> when one last started), then four keys per queue, in the order to try
+-- them: its bell, its dead-letter list, its dead-letter counter, its tenant set.
 -- ARGV[1] now (seconds), ARGV[2] "1" when a bell ring woke this fetch (its token is spent),
 -- ARGV[3] the dead-letter list cap, ARGV[4] the bell cap, ARGV[5] a queue read deep and ARGV[6]
 -- how deep ("0": at the head, as always; more: a packed worker backfilling past messages it has
@@ -16,7 +17,8 @@
 -- that order), ARGV[10] the separator of a tenant's queue, ARGV[11] the default tenant, ARGV[12]
 -- and ARGV[13] the tenant and charge headers, ARGV[14] the publish-time header and ARGV[15] the
 -- longest a message waits behind higher priorities of its tenant ("0": no bound), ARGV[16] the
--- concurrency-limits header, ARGV[17] the number of queues; then four per
+-- limits header, ARGV[17] the prefix of a rate limit's key (+ its id: string, the earliest
+-- next start in microseconds of Redis's clock, expiring then), ARGV[18] the number of queues; then four per
 -- queue: "1" for a no-ack consumer (the message is only popped, as kombu does for no_ack) or
 -- "0"; the queue's name; for a resource class, the charge of one slot ("<millicores> <bytes>
 -- <gpus>") and the tenants' shares ("<tenant> <weight> <cpu cap> <memory cap> <gpu cap> ...",
@@ -29,7 +31,7 @@
 -- held messages charge (dominant-resource fairness over cpu, memory and gpu, in slots of the
 -- class), among those with a message waiting whose charge fits under their quota; inside a
 -- tenant, the lowest priority step first, then first in, first out (past a message one of whose
--- concurrency limits is full, up to SCAN deep: it stays where it is), except that a message at the
+-- limits has no room, up to SCAN deep: it stays where it is), except that a message at the
 -- head of a later step that has waited past the bound (by its publish-time header) goes first,
 -- the longest-waiting of such first, so no priority starves. A message on the class's own
 -- queue that names another tenant (a plain Celery producer's header, or one put back there) is
@@ -47,8 +49,13 @@
 -- sluice.queues.broker.letters.DeadLetter; a test holds the two equal) and the search goes on;
 -- on a no-ack consumer's list (a control command's replies) it is dropped instead, as kombu would
 -- have popped it and failed to read it, and nothing is left behind.
--- Returns {dead} when nothing could be taken, else {dead, queue number (1-based), raw, tag,
--- 1 when the message's task is recorded as revoked (the worker ends it REVOKED) or 0}.
+-- A message's limits ({id, most running, seconds between starts} in its limits header) have room
+-- while each running count is under its most and each rate limit's next start has come (by
+-- Redis's clock, the same for every worker); taking it counts it (held.lua) and sets the next
+-- start that far ahead (no burst: starts are spaced, as Celery's token bucket of one spaces them).
+-- Returns {dead} when nothing could be taken ({dead, microseconds} when a message waits for a
+-- rate limit's next start, the soonest such), else {dead, queue number (1-based), raw, tag, 1
+-- when the message's task is recorded as revoked (the worker ends it REVOKED) or 0}.
 -- include held.lua
 
 -- The position of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong
@@ -101,8 +108,8 @@ local function envelope(raw)
   return tag, exchange, routing_key, type(headers) == 'table' and headers or {}
 end
 
-local UNACKED, INDEX, CHARGES, USAGE, HELD_LIMITS, RUNNING, REVOKED = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
-  KEYS[5], KEYS[6], KEYS[7]
+local UNACKED, INDEX, CHARGES, USAGE, HELD_LIMITS, RUNNING, REVOKED, RATES = KEYS[1], KEYS[2], KEYS[3],
+  KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local UNHOLD = {UNACKED, INDEX, CHARGES, USAGE, HELD_LIMITS, RUNNING}
 local now, woken, cap, bell_cap = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
 local deep_queue, depth = ARGV[5], tonumber(ARGV[6])
@@ -110,10 +117,13 @@ local prefix, sep, tenant_sep, default_tenant = ARGV[7], ARGV[8], ARGV[10], ARGV
 local tenant_header, charge_header = ARGV[12], ARGV[13]
 local steps = {}
 for step in string.gmatch(ARGV[9], '[^,]+') do steps[#steps + 1] = step end
-local sent_header, max_wait, limits_header = ARGV[14], tonumber(ARGV[15]), ARGV[16]
-local queues = tonumber(ARGV[17])
-local FIRST = 18  -- the first argument of the first queue
-local SCAN = 64   -- how deep a line is read past messages whose concurrency limit is full
+local sent_header, max_wait, limits_header, rate_prefix = ARGV[14], tonumber(ARGV[15]), ARGV[16], ARGV[17]
+local queues = tonumber(ARGV[18])
+local FIRST = 19  -- the first argument of the first queue
+local SCAN = 64   -- how deep a line is read past messages whose limits have no room
+local RATE_SEEN = 600  -- how long a rate limit stays listed in RATES after its last start (seconds)
+-- Queue i's n-th key (1: bell, 2: dead-letter list, 3: dead-letter counter, 4: tenant set).
+local function qkey(i, n) return KEYS[8 + 4 * (i - 1) + n] end
 for j = FIRST + 4 * queues, #ARGV do unhold(UNHOLD, ARGV[j]) end
 
 local dead, malformed = 0, 0  -- dead-lettered; and dropped too (one fetch reads at most 100 such)
@@ -136,45 +146,77 @@ local function is_tenant(name)
   return type(name) == 'string' and #name <= 64 and string.match(name, '^[%w][%w%._%-]*$') ~= nil
 end
 
--- The ids of a message's concurrency limits ({id, most} pairs in its limits header), and whether
--- one of them is full now (its running count at its most).
+local clock  -- Redis's time in microseconds, read at the first rate limit met
+local function now_us()
+  if not clock then
+    local t = redis.call('TIME')
+    clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return clock
+end
+local rate_wait  -- the soonest next start of a rate limit that kept a message waiting (microseconds from now)
+
+-- A message's limits: the ids of its concurrency limits, its rate limits ({id, microseconds
+-- between starts}), and whether one of them has no room now (a running count at its most, a
+-- next start still to come: rate_wait notes when).
 local function limits_of(headers)
-  local ids, full = {}, false
+  local ids, rates, full = {}, {}, false
   local limits = headers[limits_header]
-  if type(limits) ~= 'table' then return ids, full end
+  if type(limits) ~= 'table' then return ids, rates, full end
   for _, limit in ipairs(limits) do
-    if type(limit) == 'table' and type(limit[1]) == 'string' and tonumber(limit[2]) then
-      ids[#ids + 1] = limit[1]
-      if (tonumber(redis.call('HGET', RUNNING, limit[1])) or 0) >= tonumber(limit[2]) then full = true end
+    if type(limit) == 'table' and type(limit[1]) == 'string' then
+      local most, every = tonumber(limit[2]) or 0, tonumber(limit[3]) or 0
+      if most > 0 then
+        ids[#ids + 1] = limit[1]
+        if (tonumber(redis.call('HGET', RUNNING, limit[1])) or 0) >= most then full = true end
+      end
+      if every > 0 then
+        rates[#rates + 1] = {limit[1], math.ceil(every * 1000000 - 0.001)}
+        local next_start = tonumber(redis.call('GET', rate_prefix .. limit[1]))
+        if next_start and next_start > now_us() then
+          full = true
+          if not rate_wait or next_start - now_us() < rate_wait then rate_wait = next_start - now_us() end
+        end
+      end
     end
   end
-  return ids, full
+  return ids, rates, full
+end
+
+-- Start a taken message's rate limits: each one's next start is its spacing from now.
+local function start_rates(rates)
+  for _, rate in ipairs(rates) do
+    local id, every = rate[1], rate[2]
+    redis.call('SET', rate_prefix .. id, string.format('%.0f', now_us() + every), 'PX', math.ceil(every / 1000) + 1)
+    redis.call('ZADD', RATES, string.format('%.6f', now_us() / 1000000), id .. '\t' .. (every / 1000000))
+  end
+  if #rates > 0 then redis.call('ZREMRANGEBYSCORE', RATES, '-inf', now_us() / 1000000 - RATE_SEEN) end
 end
 
 -- The next well-formed message of `list` of queue `i` (its head, or `depth` deep), with its tag,
--- exchange, routing key, headers and concurrency limits' ids; a malformed one on the way goes to
--- the dead letters. With `limited`, a message one of whose limits is full stays where it is and
--- the one behind it is read, up to SCAN deep: nil and true when all those read were such.
-local function pop(i, list, deep, limited)
+-- exchange, routing key, headers and limits (limits_of); a malformed one on the way goes to
+-- the dead letters. A message one of whose limits has no room stays where it is and the one
+-- behind it is read, up to SCAN deep: nil and true when all those read were such.
+local function pop(i, list, deep)
   local a = FIRST + 4 * (i - 1)
   local at, skipped = deep and depth or 0, false  -- how many messages behind the head
   while malformed < 100 do
     local raw = redis.call('LINDEX', list, -1 - at)
     if not raw then return nil, skipped end
     local tag, exchange, routing_key, headers = envelope(raw)  -- or nil and the reason
-    local ids, full = {}, false
-    if tag then ids, full = limits_of(headers) end
-    if tag and limited and full then
+    local ids, rates, full = {}, {}, false
+    if tag then ids, rates, full = limits_of(headers) end
+    if tag and full then
       skipped, at = true, at + 1
       if at >= SCAN then return nil, true end
     else
       if at == 0 then redis.call('RPOP', list) else redis.call('LREM', list, -1, raw) end  -- the first equal from the head: that one
-      if tag then return raw, tag, exchange, routing_key, headers, ids end
+      if tag then return raw, tag, exchange, routing_key, headers, {ids, rates} end
       if ARGV[a] ~= '1' then  -- a no-ack consumer's (replies) is dropped, as kombu's would be
         local header = cjson.encode({reason = exchange, queue = ARGV[a + 1], at = tonumber(now)})
-        redis.call('LPUSH', KEYS[4 * i + 5], header .. '\n' .. raw)
-        redis.call('LTRIM', KEYS[4 * i + 5], 0, cap - 1)
-        redis.call('INCR', KEYS[4 * i + 6])
+        redis.call('LPUSH', qkey(i, 2), header .. '\n' .. raw)
+        redis.call('LTRIM', qkey(i, 2), 0, cap - 1)
+        redis.call('INCR', qkey(i, 3))
         dead = dead + 1
       end
       malformed = malformed + 1
@@ -184,24 +226,25 @@ local function pop(i, list, deep, limited)
 end
 
 -- Record a taken message as held (with its tenant's charge, on a resource class, and its
--- concurrency limits' counts) and spend a bell token.
-local function hold(i, raw, tag, exchange, routing_key, tenant, charge, ids)
-  if not woken then redis.call('RPOP', KEYS[4 * i + 4]) end
-  redis.call('LTRIM', KEYS[4 * i + 4], 0, bell_cap - 1)
+-- concurrency limits' counts), start its rate limits and spend a bell token.
+local function hold(i, raw, tag, exchange, routing_key, tenant, charge, limits)
+  if not woken then redis.call('RPOP', qkey(i, 1)) end
+  redis.call('LTRIM', qkey(i, 1), 0, bell_cap - 1)
+  start_rates(limits[2])
   if ARGV[FIRST + 4 * (i - 1)] == '1' then return end
   redis.call('ZADD', INDEX, now, tag)
   redis.call('HSET', UNACKED, tag, '[' .. raw .. ',' .. cjson.encode(exchange) .. ',' .. cjson.encode(routing_key) .. ']')
   if charge then hold_charge(CHARGES, USAGE, tag, ARGV[FIRST + 4 * (i - 1) + 1], tenant, charge) end
-  hold_limits(HELD_LIMITS, RUNNING, tag, ids or {})
+  hold_limits(HELD_LIMITS, RUNNING, tag, limits[1])
 end
 
 -- A queue that is not a resource class (no slot), a no-ack one, or a deep read: its own lists in order.
 local function take_plain(i, deep)
   local a = FIRST + 4 * (i - 1)
   for _, list in ipairs(lists_of(prefix .. ARGV[a + 1])) do
-    local raw, tag, exchange, routing_key, headers, ids = pop(i, list, deep, false)
+    local raw, tag, exchange, routing_key, headers, limits = pop(i, list, deep)
     if raw then
-      hold(i, raw, tag, exchange, routing_key, default_tenant, parse_charge(ARGV[a + 2]), ids)
+      hold(i, raw, tag, exchange, routing_key, default_tenant, parse_charge(ARGV[a + 2]), limits)
       return raw, tag, headers
     end
   end
@@ -234,7 +277,7 @@ end
 -- A resource class: the tenant with the lowest weighted dominant share first (see the top).
 local function take_fair(i)
   local a = FIRST + 4 * (i - 1)
-  local queue, slot, tenants = ARGV[a + 1], parse_charge(ARGV[a + 2]), KEYS[4 * i + 7]
+  local queue, slot, tenants = ARGV[a + 1], parse_charge(ARGV[a + 2]), qkey(i, 4)
   local shares = {}
   for name, weight, c, m, g in string.gmatch(ARGV[a + 3], '(%S+) (%S+) (%S+) (%S+) (%S+)') do
     shares[name] = {tonumber(weight), tonumber(c), tonumber(m), tonumber(g)}
@@ -271,9 +314,9 @@ local function take_fair(i)
       end
     end
     if not best then return nil end
-    local raw, tag, exchange, routing_key, headers, ids = pop(i, best_list, false, true)
+    local raw, tag, exchange, routing_key, headers, limits = pop(i, best_list, false)
     if not raw and tag then
-      blocked[best] = true  -- every message read of its line waits for a concurrency limit
+      blocked[best] = true  -- every message read of its line waits for a limit
     elseif raw then
       local named = headers[tenant_header]
       local step = string.match(best_list, sep .. '(%d+)$')
@@ -290,7 +333,7 @@ local function take_fair(i)
           if cap and need <= cap and use[k] + need > cap then fits = false end
         end
         if fits then
-          hold(i, raw, tag, exchange, routing_key, best, charge, ids)
+          hold(i, raw, tag, exchange, routing_key, best, charge, limits)
           return raw, tag, headers
         end
         redis.call('RPUSH', best_list, raw)  -- back at the head: it waits for its tenant's usage to fall
@@ -323,4 +366,5 @@ for i = 1, queues do
   end
   if malformed >= 100 then return {dead} end
 end
+if rate_wait then return {dead, math.ceil(rate_wait)} end
 return {dead}
