@@ -91,10 +91,11 @@ class Transport(LeaseRenewal, kombu_redis.Transport):
     #: every connection error, and a write refused by a master demoted in a failover. Without
     #: this kombu treats the transport as unable to tell, and gives up at the second error after
     #: a successful reconnect, though a Redis just back from a restart can drop a command more
-    #: than once (pooled connections from before the kill, an AOF still loading). Errors in a
-    #: command itself (a Lua error, OOM) are not retried.
+    #: than once (pooled connections from before the kill, an AOF still loading). An error
+    #: Redis answers a command with (NOREPLICAS, OOM) is a channel error: tried again at once,
+    #: without a reconnect, and raised as kombu's OperationalError, as before.
     recoverable_connection_errors = (*kombu_redis.Transport.connection_errors, ReadOnlyError)
-    recoverable_channel_errors = ()
+    recoverable_channel_errors = kombu_redis.Transport.channel_errors
 
 
 class SentinelChannel(ReliableChannel, kombu_redis.SentinelChannel):
