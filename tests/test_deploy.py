@@ -208,15 +208,18 @@ def test_scaled_objects_follow_the_catalog() -> None:
     for rc, so in zip(CATALOG, FILES["keda.yaml"][1:]):
         assert so["spec"]["scaleTargetRef"]["name"] == f"sluice-worker-{rc.name}"
         assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (rc.min_replicas, rc.max_replicas)
-        assert [t["metadata"]["listName"] for t in so["spec"]["triggers"]] == RedisLayout().queue_lists(rc.name)
+        assert [t["metadata"]["listName"] for t in so["spec"]["triggers"]] == [
+            *RedisLayout().queue_lists(rc.name), RedisLayout().parked_count(rc.name)]
 
 
 def test_a_scaled_object_sums_a_trigger_per_list_of_every_tenant_the_class_names() -> None:
     """KEDA's Redis trigger reads one list: the gpu class's backlog is the sum, by KEDA's scaling
-    modifiers, of a trigger on each priority list of its own queue and of each named tenant's."""
+    modifiers, of a trigger on each priority list of its own queue and of each named tenant's,
+    and on the count of its messages parked on rate limits."""
     gpu = next(so for so in SHARED_FILES["keda.yaml"][1:] if so["metadata"]["name"] == "sluice-worker-gpu")
     triggers = gpu["spec"]["triggers"]
     lists = [list_ for queue in ("gpu", "gpu~team-a", "gpu~team-b") for list_ in RedisLayout().queue_lists(queue)]
+    lists.append(RedisLayout().parked_count("gpu"))
     assert [t["metadata"]["listName"] for t in triggers] == lists
     modifiers = gpu["spec"]["advanced"]["scalingModifiers"]
     assert modifiers["formula"] == " + ".join(t["name"] for t in triggers)

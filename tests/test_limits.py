@@ -106,18 +106,56 @@ def test_a_rate_limit_spaces_takes_by_redis_clock_and_the_empty_fetch_says_when_
 
 
 def test_each_key_has_its_own_rate_and_a_rate_and_a_running_limit_both_hold(redis_client: redis.Redis) -> None:
-    """Keys a and b of one rate limit start back to back; a's second waits for a's spacing. A
-    message under a rate limit and a concurrency limit waits while either has no room."""
-    a1, a2 = (_publish(redis_client, [["t:customer=a", 0, 5]]) for _ in range(2))
-    b1 = _publish(redis_client, [["t:customer=b", 0, 5]])
+    """Keys a and b of one rate limit (one start per 0.3 s) start back to back; a's second waits
+    for a's spacing. A message under a rate limit and a concurrency limit waits while either has
+    no room."""
+    a1, a2 = (_publish(redis_client, [["t:customer=a", 0, 0.3]]) for _ in range(2))
+    b1 = _publish(redis_client, [["t:customer=b", 0, 0.3]])
     assert [_fetch(redis_client), _fetch(redis_client), _fetch(redis_client)] == [a1, b1, None]
-    redis_client.delete(keys.LIMIT_NEXT_PREFIX + "t:customer=a")            # as if its 5 s had passed
+    time.sleep(0.35)
     assert _fetch(redis_client) == a2
-    both = [_publish(redis_client, [["u", 1, 0], ["u", 0, 5]]) for _ in range(2)]
+    both = [_publish(redis_client, [["u", 1, 0], ["u", 0, 0.3]]) for _ in range(2)]
     assert _fetch(redis_client, acks=(a1, b1, a2)) == both[0]
-    redis_client.delete(keys.LIMIT_NEXT_PREFIX + "u")
-    assert _fetch(redis_client) is None                                    # running 1 of 1
+    time.sleep(0.35)
+    assert _fetch(redis_client) is None                                    # its rate has room, running 1 of 1
     assert _fetch(redis_client, acks=(both[0],)) == both[1]
+
+
+def test_messages_waiting_for_a_rate_limit_are_parked_out_of_the_way_and_come_back_in_order(
+        redis_client: redis.Redis) -> None:
+    """100 messages under one start per 0.3 s, then an unlimited one: the first is taken, the
+    next fetches park the other 99 (at most 64 a fetch) and reach the unlimited one, which no
+    longer waits behind them. Parked messages still count as waiting (kombu's queue size, the
+    depth sluice status shows); once the next start comes they come back one at a time, oldest
+    first, each on its limit's time; kombu's size and purge count and empty them."""
+    limited = [_publish(redis_client, [["r", 0, 0.3]]) for _ in range(100)]
+    free = _publish(redis_client, None)
+    began = time.monotonic()
+    assert _fetch(redis_client) == limited[0]
+    assert _fetch(redis_client) is None                           # parked 64
+    assert redis_client.llen(keys.parked_count(POOL.name)) == 64
+    assert _fetch(redis_client) == free                           # parked 35 more, then took it
+    assert redis_client.llen(POOL.name) == 0 and redis_client.llen(keys.parked_count(POOL.name)) == 99
+    assert LAYOUT.queue_depth(redis_client, POOL.name) == 99
+    assert {m["properties"]["delivery_tag"] for m in LAYOUT.waiting(redis_client, POOL.name)} == set(limited[1:])
+    assert time.monotonic() - began < 0.25
+    assert _fetch(redis_client) is None
+    taken = []
+    deadline = time.monotonic() + 5
+    while len(taken) < 3 and time.monotonic() < deadline:
+        tag = _fetch(redis_client)
+        if tag:
+            taken.append((tag, time.monotonic()))
+        time.sleep(0.01)
+    assert [tag for tag, _ in taken] == limited[1:4]
+    assert all(later - earlier >= 0.29 for (_, earlier), (_, later) in zip(taken, taken[1:]))
+    assert redis_client.llen(keys.parked_count(POOL.name)) == 96
+    with App("tests.limits.view").connection_for_write() as connection:
+        channel = connection.default_channel
+        assert channel._size(POOL.name) == 96                      # what celery inspect and purge see
+        assert channel._purge(POOL.name) == 96
+        assert channel._size(POOL.name) == 0
+    assert not redis_client.keys(keys.parked(POOL.name) + "*") and not redis_client.llen(keys.parked_count(POOL.name))
 
 
 def test_a_limit_of_two_is_never_exceeded_while_workers_are_sigkilled_and_every_task_ends(

@@ -39,8 +39,9 @@ CHARGE = "sluice_charge"
 #: A unique call's idempotency key and how long its claim lasts, "<ttl> <key>" (``sluice.tasks.unique``):
 #: the worker renews the claim as the task starts and ends.
 UNIQUE = "sluice_unique"
-#: The concurrency limits a message's task counts against while it runs, ``[[id, most], ...]``
-#: (``sluice.tasks.limits``): the fetch script takes it only while each is under its most.
+#: The limits a message's call is held to, ``[[id, most running, seconds between starts], ...]``
+#: (0: none of that kind; ``sluice.tasks.limits``): the fetch script takes it only while each
+#: has room.
 LIMITS = "sluice_limits"
 #: When a message with a priority was published (seconds since the epoch): the fetch script takes
 #: it ahead of higher priorities once it has waited ``priority_max_wait`` (priority aging).

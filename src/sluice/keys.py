@@ -46,6 +46,20 @@ HELD_CHARGES = f"{PREFIX}held-charges"
 TENANT_USAGE = f"{PREFIX}tenant-usage"
 
 
+def parked(queue: str) -> str:
+    """Sorted set: the lines of ``queue`` with messages parked on a rate limit, each member
+    ``<tenant>\t<line>\t<limit id>`` -> when to look at it again (seconds, Redis's clock); the
+    messages wait in the list named this key + ``\t`` + the member, oldest at the right, out of
+    the way of the fetch until their limit's next start (``lua/fetch.lua``)."""
+    return f"{PREFIX}parked:{queue}"
+
+
+def parked_count(queue: str) -> str:
+    """List of one token per message parked on a rate limit in ``queue``: its length is what
+    KEDA's list trigger and kombu's queue size count of them."""
+    return f"{PREFIX}parked-count:{queue}"
+
+
 def dead_letters(queue: str) -> str:
     """List (newest first, capped) of messages from ``queue`` that could not be run, each
     ``<JSON header: reason, list, at>\n<the raw message>``."""

@@ -178,12 +178,12 @@ def scaled_object(rc: ResourceClass, options: RenderOptions) -> Manifest:
     """KEDA scales the class's Deployment on its whole backlog: one replica per ``slots`` waiting
     messages. KEDA's Redis trigger reads one list, and a class's messages wait on several: one
     per priority step, for the default tenant and each tenant its table names
-    (``sluice.tenants``). So there is a trigger per list, and a formula (KEDA's scaling
-    modifiers) sums them. A tenant the class does not name is not seen here (the built-in
-    autoscaler sees every tenant)."""
+    (``sluice.tenants``), and those parked on a rate limit are counted in one more list. So
+    there is a trigger per list, and a formula (KEDA's scaling modifiers) sums them. A tenant
+    the class does not name is not seen here (the built-in autoscaler sees every tenant)."""
     layout = RedisLayout()
     queues = [rc.name, *(tenant_queue(rc.name, tenant) for tenant, _ in rc.tenants)]
-    lists = [listed for queue in queues for listed in layout.queue_lists(queue)]
+    lists = [*(listed for queue in queues for listed in layout.queue_lists(queue)), layout.parked_count(rc.name)]
     names = [f"list{i}" for i in range(len(lists))]
     return {
         "apiVersion": "keda.sh/v1alpha1",

@@ -8,8 +8,9 @@ kwargs)``): ``rate_limit=Limit("10/s", key="customer")``, ``max_running=Limit(ru
 key="customer")`` limit the calls that share the key's value. A call carries its limits in the
 ``sluice_limits`` header (``[[id, most running, seconds between starts], ...]``, made here at
 publish). The fetch script takes a message only while each of its limits has room, reading past
-one that must wait (it stays in Redis, in its place), and spends the room in the same atomic
-step that holds it (``lua/held.lua``): a running count is always the number of held messages,
+one that waits for a concurrency limit (it stays in its place) and parking one that waits for a
+rate limit (out of the line until its next start), and spends the room in the same atomic step
+that holds it (``lua/held.lua``): a running count is always the number of held messages,
 through worker kills, restores and Redis restarts, and a rate limit's next start is a key that
 expires when it may happen (Redis's clock, one for every worker). A worker with nothing else to
 take waits for that moment instead of asking again. A plain producer's message has no limits

@@ -69,6 +69,8 @@ class FetchCall:
                 layout.dead_letters(queue),
                 layout.dead_letter_count(queue),
                 layout.tenant_lines(queue),
+                layout.parked(queue),
+                layout.parked_count(queue),
             ]
             slot, shares = terms or ("", "")
             per_queue += ["1" if no_ack else "0", queue, slot, shares]
@@ -150,14 +152,24 @@ class Fetching(kombu_redis.Channel):
             bells.announce(client.pipeline(transaction=False).lpush(key, dumps(message)), queue).execute()
 
     def _size(self, queue: str) -> int:
-        """kombu's size of a queue, counting each tenant's queue of it too (``sluice.tenants``)."""
+        """kombu's size of a queue, counting each tenant's queue of it (``sluice.tenants``) and its
+        messages parked on rate limits too."""
         size = super()._size  # bound here: a generator has no zero-argument super()
-        return sum(size(name) for name in self._and_tenants(queue))
+        parked = int(self._plain_client().llen(self.layout.parked_count(queue)))
+        return parked + sum(size(name) for name in self._and_tenants(queue))
 
     def _purge(self, queue: str) -> int:
-        """kombu's purge of a queue (``celery purge``), each tenant's queue of it included."""
+        """kombu's purge of a queue (``celery purge``), each tenant's queue of it and its parked
+        messages included."""
         purge = super()._purge
-        return sum(purge(name) for name in self._and_tenants(queue))
+        client = self._plain_client()
+        parked = [key for lists in self.layout.parked_lists(client, queue).values() for key in lists]
+        pipe = client.pipeline()
+        for key in parked:
+            pipe.llen(key)
+        pipe.delete(*parked, self.layout.parked(queue), self.layout.parked_count(queue))
+        gone = sum(pipe.execute()[:-1])
+        return gone + sum(purge(name) for name in self._and_tenants(queue))
 
     def _and_tenants(self, queue: str) -> list[str]:
         return list(self.layout.tenant_queues(self._plain_client(), queue).values())

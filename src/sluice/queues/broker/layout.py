@@ -156,25 +156,50 @@ class RedisLayout:
         listed = entries.decode_each("tenant", client.smembers(self.tenant_lines(queue)), entries.text)
         return {DEFAULT_TENANT: queue, **{tenant: tenant_queue(queue, tenant) for tenant in sorted(listed)}}
 
+    def parked(self, queue: str) -> str:
+        return self.key(keys.parked(queue))
+
+    def parked_count(self, queue: str) -> str:
+        return self.key(keys.parked_count(queue))
+
+    def parked_lists(self, client: redis.Redis, queue: str) -> dict[str, list[str]]:
+        """Tenant -> the lists of ``queue``'s messages its calls have parked on rate limits."""
+        index = self.parked(queue)
+        found: dict[str, list[str]] = {}
+        members = cast("list[bytes]", client.zrange(index, 0, -1))
+        for member in entries.decode_each("parked line", members, entries.text):
+            found.setdefault(member.split("\t", 1)[0], []).append(f"{index}\t{member}")
+        return found
+
     def tenant_depths(self, client: redis.Redis, queue: str) -> dict[str, int]:
-        """Messages waiting in ``queue`` per tenant (every priority list of each), in two round trips."""
+        """Messages waiting in ``queue`` per tenant (every priority list of each, and those parked
+        on a rate limit), in three round trips."""
         queues = self.tenant_queues(client, queue)
+        parked = self.parked_lists(client, queue)
+        lists = {
+            tenant: [*(self.queue_lists(queues[tenant]) if tenant in queues else []), *parked.get(tenant, [])]
+            for tenant in {**queues, **parked}
+        }
         pipe = client.pipeline(transaction=False)
-        for name in queues.values():
-            for key in self.queue_lists(name):
+        for keys_of_tenant in lists.values():
+            for key in keys_of_tenant:
                 pipe.llen(key)
-        lengths, steps = pipe.execute(), len(self.priority_steps)
-        return {tenant: sum(lengths[i * steps : (i + 1) * steps]) for i, tenant in enumerate(queues)}
+        lengths, at, depths = pipe.execute(), 0, {}
+        for tenant, keys_of_tenant in lists.items():
+            depths[tenant], at = sum(lengths[at : at + len(keys_of_tenant)]), at + len(keys_of_tenant)
+        return depths
 
     def queue_depth(self, client: redis.Redis, queue: str) -> int:
         """Messages waiting in a queue (every tenant's, every priority list of it)."""
         return sum(self.tenant_depths(client, queue).values())
 
     def waiting(self, client: redis.Redis, queue: str, sample: int | None = None) -> list[dict[str, Any]]:
-        """Every message waiting in a queue (every tenant's, every priority list of it; with
-        ``sample``, the first that many of each list); one that does not decode is skipped."""
+        """Every message waiting in a queue (every tenant's, every priority list of it, and those
+        parked on a rate limit; with ``sample``, the first that many of each list); one that does
+        not decode is skipped."""
         end = -1 if sample is None else sample - 1
         lists = [key for name in self.tenant_queues(client, queue).values() for key in self.queue_lists(name)]
+        lists += [key for parked in self.parked_lists(client, queue).values() for key in parked]
         raws = [raw for name in lists for raw in client.lrange(name, 0, end)]
         return entries.decode_each("waiting message", raws, message_of)
 

@@ -7,8 +7,9 @@
 -- the held messages' charges, KEYS[4] the tenants' usage, KEYS[5] the held messages' limits,
 -- KEYS[6] the limits' running counts (held.lua), KEYS[7] the revoked task ids (sorted set: id ->
 -- until when kept, sluice.queues.revokes), KEYS[8] the rate limits in use (sorted set: "<id>\t<seconds
--- between starts>" -> when one last started), then four keys per queue, in the order to try
--- them: its bell, its dead-letter list, its dead-letter counter, its tenant set.
+-- between starts>" -> when one last started), then six keys per queue, in the order to try
+-- them: its bell, its dead-letter list, its dead-letter counter, its tenant set, its parked lines
+-- (sorted set) and its parked count (list; sluice.keys.parked, parked_count).
 -- ARGV[1] now (seconds), ARGV[2] "1" when a bell ring woke this fetch (its token is spent),
 -- ARGV[3] the dead-letter list cap, ARGV[4] the bell cap, ARGV[5] a queue read deep and ARGV[6]
 -- how deep ("0": at the head, as always; more: a packed worker backfilling past messages it has
@@ -53,6 +54,11 @@
 -- while each running count is under its most and each rate limit's next start has come (by
 -- Redis's clock, the same for every worker); taking it counts it (held.lua) and sets the next
 -- start that far ahead (no burst: starts are spaced, as Celery's token bucket of one spaces them).
+-- A message that must wait for a rate limit is parked: moved out of its line to a list of its
+-- queue's for that line and limit, listed with the limit's next start, so no fetch reads it
+-- again before then; once that time has come, a fetch of the queue puts the oldest parked one
+-- back at the head of its line (one per line and limit per fetch: the next start it takes moves
+-- the rest's time on). One waiting for a concurrency limit stays in its line, read past.
 -- Returns {dead} when nothing could be taken ({dead, microseconds} when a message waits for a
 -- rate limit's next start, the soonest such), else {dead, queue number (1-based), raw, tag, 1
 -- when the message's task is recorded as revoked (the worker ends it REVOKED) or 0}.
@@ -120,10 +126,12 @@ for step in string.gmatch(ARGV[9], '[^,]+') do steps[#steps + 1] = step end
 local sent_header, max_wait, limits_header, rate_prefix = ARGV[14], tonumber(ARGV[15]), ARGV[16], ARGV[17]
 local queues = tonumber(ARGV[18])
 local FIRST = 19  -- the first argument of the first queue
-local SCAN = 64   -- how deep a line is read past messages whose limits have no room
+local SCAN = 64   -- how many messages whose limits have no room one line's read passes or parks
+local PARK_CHECK = 8  -- parked lines a fetch looks at per queue
 local RATE_SEEN = 600  -- how long a rate limit stays listed in RATES after its last start (seconds)
--- Queue i's n-th key (1: bell, 2: dead-letter list, 3: dead-letter counter, 4: tenant set).
-local function qkey(i, n) return KEYS[8 + 4 * (i - 1) + n] end
+-- Queue i's n-th key (1: bell, 2: dead-letter list, 3: dead-letter counter, 4: tenant set,
+-- 5: parked lines, 6: parked count).
+local function qkey(i, n) return KEYS[8 + 6 * (i - 1) + n] end
 for j = FIRST + 4 * queues, #ARGV do unhold(UNHOLD, ARGV[j]) end
 
 local dead, malformed = 0, 0  -- dead-lettered; and dropped too (one fetch reads at most 100 such)
@@ -157,10 +165,11 @@ end
 local rate_wait  -- the soonest next start of a rate limit that kept a message waiting (microseconds from now)
 
 -- A message's limits: the ids of its concurrency limits, its rate limits ({id, microseconds
--- between starts}), and whether one of them has no room now (a running count at its most, a
--- next start still to come: rate_wait notes when).
+-- between starts}), whether one of them has no room now (a running count at its most, a next
+-- start still to come: rate_wait notes when), and the first rate limit it waits for ({id, its
+-- next start}), if any.
 local function limits_of(headers)
-  local ids, rates, full = {}, {}, false
+  local ids, rates, full, waits_for = {}, {}, false, nil
   local limits = headers[limits_header]
   if type(limits) ~= 'table' then return ids, rates, full end
   for _, limit in ipairs(limits) do
@@ -175,19 +184,64 @@ local function limits_of(headers)
         local next_start = tonumber(redis.call('GET', rate_prefix .. limit[1]))
         if next_start and next_start > now_us() then
           full = true
+          waits_for = waits_for or {limit[1], next_start}
           if not rate_wait or next_start - now_us() < rate_wait then rate_wait = next_start - now_us() end
         end
       end
     end
   end
-  return ids, rates, full
+  return ids, rates, full, waits_for
 end
 
--- Start a taken message's rate limits: each one's next start is its spacing from now.
-local function start_rates(rates)
+local function seconds(us) return string.format('%.6f', us / 1000000) end
+
+-- Park a message of `line` (`at` behind its head) of queue i that waits for rate limit
+-- waits_for = {id, next start}, with its tenant's other such messages of that line.
+local function park(i, line, raw, at, tenant, waits_for)
+  if at == 0 then redis.call('RPOP', line) else redis.call('LREM', line, -1, raw) end
+  local member = tenant .. '\t' .. line .. '\t' .. waits_for[1]
+  redis.call('LPUSH', qkey(i, 5) .. '\t' .. member, raw)
+  redis.call('ZADD', qkey(i, 5), seconds(waits_for[2]), member)
+  redis.call('LPUSH', qkey(i, 6), '1')
+end
+
+-- Queue i's parked lines whose time has come: each one's oldest message back at the head of its
+-- line. The line is looked at again at its limit's next start once one is taken (start_rates),
+-- or in a second.
+local function unpark(i)
+  local index = qkey(i, 5)
+  local due = redis.call('ZRANGEBYSCORE', index, '-inf', seconds(now_us()), 'LIMIT', 0, PARK_CHECK)
+  for _, member in ipairs(due) do
+    local parked = index .. '\t' .. member
+    local raw = redis.call('RPOP', parked)
+    local tenant, line = string.match(member, '^([^\t]*)\t([^\t]*)\t')
+    if raw and line then
+      redis.call('RPUSH', line, raw)
+      redis.call('RPOP', qkey(i, 6))
+      if tenant ~= default_tenant then redis.call('SADD', qkey(i, 4), tenant) end
+    end
+    if redis.call('LLEN', parked) == 0 then
+      redis.call('ZREM', index, member)
+    else
+      redis.call('ZADD', index, seconds(now_us() + 1000000), member)
+    end
+  end
+end
+
+-- The soonest time a parked line of queue i is due, in microseconds from now (nil: none parked).
+local function parked_wait(i)
+  local first = redis.call('ZRANGE', qkey(i, 5), 0, 0, 'WITHSCORES')
+  if #first == 0 then return nil end
+  return math.max(0, tonumber(first[2]) * 1000000 - now_us())
+end
+
+-- Start a taken message's rate limits: each one's next start is its spacing from now, when the
+-- messages of its line (queue i's `line`, `tenant`'s) parked on it are due.
+local function start_rates(rates, i, line, tenant)
   for _, rate in ipairs(rates) do
     local id, every = rate[1], rate[2]
     redis.call('SET', rate_prefix .. id, string.format('%.0f', now_us() + every), 'PX', math.ceil(every / 1000) + 1)
+    redis.call('ZADD', qkey(i, 5), 'XX', seconds(now_us() + every), tenant .. '\t' .. line .. '\t' .. id)
     redis.call('ZADD', RATES, string.format('%.6f', now_us() / 1000000), id .. '\t' .. (every / 1000000))
   end
   if #rates > 0 then redis.call('ZREMRANGEBYSCORE', RATES, '-inf', now_us() / 1000000 - RATE_SEEN) end
@@ -195,23 +249,25 @@ end
 
 -- The next well-formed message of `list` of queue `i` (its head, or `depth` deep), with its tag,
 -- exchange, routing key, headers and limits (limits_of); a malformed one on the way goes to
--- the dead letters. A message one of whose limits has no room stays where it is and the one
--- behind it is read, up to SCAN deep: nil and true when all those read were such.
-local function pop(i, list, deep)
+-- the dead letters. A message that waits for a rate limit is parked (as `tenant`'s), one that
+-- waits for a concurrency limit stays where it is, and the one behind is read, up to SCAN such:
+-- nil and true when all those read were such.
+local function pop(i, list, deep, tenant)
   local a = FIRST + 4 * (i - 1)
-  local at, skipped = deep and depth or 0, false  -- how many messages behind the head
+  local at, skipped, passed = deep and depth or 0, false, 0  -- how many messages behind the head; passed or parked
   while malformed < 100 do
     local raw = redis.call('LINDEX', list, -1 - at)
     if not raw then return nil, skipped end
     local tag, exchange, routing_key, headers = envelope(raw)  -- or nil and the reason
-    local ids, rates, full = {}, {}, false
-    if tag then ids, rates, full = limits_of(headers) end
+    local ids, rates, full, waits_for = {}, {}, false, nil
+    if tag then ids, rates, full, waits_for = limits_of(headers) end
     if tag and full then
-      skipped, at = true, at + 1
-      if at >= SCAN then return nil, true end
+      if waits_for and ARGV[a] ~= '1' then park(i, list, raw, at, tenant, waits_for) else at = at + 1 end
+      skipped, passed = true, passed + 1
+      if passed >= SCAN then return nil, true end
     else
       if at == 0 then redis.call('RPOP', list) else redis.call('LREM', list, -1, raw) end  -- the first equal from the head: that one
-      if tag then return raw, tag, exchange, routing_key, headers, {ids, rates} end
+      if tag then return raw, tag, exchange, routing_key, headers, {ids, rates, list} end
       if ARGV[a] ~= '1' then  -- a no-ack consumer's (replies) is dropped, as kombu's would be
         local header = cjson.encode({reason = exchange, queue = ARGV[a + 1], at = tonumber(now)})
         redis.call('LPUSH', qkey(i, 2), header .. '\n' .. raw)
@@ -230,7 +286,7 @@ end
 local function hold(i, raw, tag, exchange, routing_key, tenant, charge, limits)
   if not woken then redis.call('RPOP', qkey(i, 1)) end
   redis.call('LTRIM', qkey(i, 1), 0, bell_cap - 1)
-  start_rates(limits[2])
+  start_rates(limits[2], i, limits[3], tenant)
   if ARGV[FIRST + 4 * (i - 1)] == '1' then return end
   redis.call('ZADD', INDEX, now, tag)
   redis.call('HSET', UNACKED, tag, '[' .. raw .. ',' .. cjson.encode(exchange) .. ',' .. cjson.encode(routing_key) .. ']')
@@ -242,7 +298,7 @@ end
 local function take_plain(i, deep)
   local a = FIRST + 4 * (i - 1)
   for _, list in ipairs(lists_of(prefix .. ARGV[a + 1])) do
-    local raw, tag, exchange, routing_key, headers, limits = pop(i, list, deep)
+    local raw, tag, exchange, routing_key, headers, limits = pop(i, list, deep, default_tenant)
     if raw then
       hold(i, raw, tag, exchange, routing_key, default_tenant, parse_charge(ARGV[a + 2]), limits)
       return raw, tag, headers
@@ -314,7 +370,7 @@ local function take_fair(i)
       end
     end
     if not best then return nil end
-    local raw, tag, exchange, routing_key, headers, limits = pop(i, best_list, false)
+    local raw, tag, exchange, routing_key, headers, limits = pop(i, best_list, false, best)
     if not raw and tag then
       blocked[best] = true  -- every message read of its line waits for a limit
     elseif raw then
@@ -349,6 +405,7 @@ end
 for i = 1, queues do
   local a = FIRST + 4 * (i - 1)
   local raw, tag, headers
+  if ARGV[a] ~= '1' then unpark(i) end
   if depth > 0 and ARGV[a + 1] == deep_queue then
     raw, tag, headers = take_plain(i, true)
   elseif ARGV[a] == '1' or ARGV[a + 2] == '' then
@@ -365,6 +422,10 @@ for i = 1, queues do
     return {dead, i, raw, tag, revoked}
   end
   if malformed >= 100 then return {dead} end
+end
+for i = 1, queues do
+  local due = parked_wait(i)
+  if due and (not rate_wait or due < rate_wait) then rate_wait = due end
 end
 if rate_wait then return {dead, math.ceil(rate_wait)} end
 return {dead}
