@@ -158,6 +158,60 @@ def test_messages_waiting_for_a_rate_limit_are_parked_out_of_the_way_and_come_ba
     assert not redis_client.keys(keys.parked(POOL.name) + "*") and not redis_client.llen(keys.parked_count(POOL.name))
 
 
+def test_a_message_with_no_limits_and_no_charge_is_held_to_its_tasks_limits_from_the_catalog(
+        redis_client: redis.Redis) -> None:
+    """What a plain Celery producer sends carries neither sluice's limits nor its charge: the
+    fetch holds it to the task-wide limits workers publish with the task catalog (a keyed limit
+    under the task's own id); a message a sluice producer stamped (a charge, no limits: the task
+    had none when sent) is not."""
+    from sluice.queues import task_catalog
+    from sluice.queues.broker.fetching import FetchCall
+
+    limits = importlib.import_module("tests.apps.limits")
+    task_catalog.publish(redis_client, task_catalog.entries_of(limits.app, "w@test"))
+    wide = json.loads(redis_client.hget(keys.TASK_LIMITS, limits.per_customer.name))
+    assert wide == [[limits.per_customer.name, 1, 0]] and json.loads(redis_client.hget(keys.TASK_LIMITS, limits.ping.name)) == []
+    assert redis_client.hget(keys.TASK_LIMITS, limits.metered_per_customer.name) == json.dumps(
+        [[limits.metered_per_customer.name, 0, 0.25]]).encode()
+
+    def publish(queue: str, headers: dict[str, Any]) -> str:
+        tag = _publish(redis_client, None)
+        raw = json.loads(redis_client.lpop(POOL.name))  # the one just sent: re-sent with these headers, to queue
+        raw["headers"] = headers
+        redis_client.lpush(queue, json.dumps(raw))
+        return tag
+
+    plain = {"task": limits.per_customer.name, "id": "x"}
+    first, second = publish(POOL.name, plain), publish(POOL.name, plain)
+    stamped = publish(POOL.name, {**plain, "sluice_charge": "1000 1073741824 0"})
+    assert [_fetch(redis_client), _fetch(redis_client), _fetch(redis_client)] == [first, stamped, None]
+    assert _running(redis_client) == {limits.per_customer.name: 1}
+    intake = FetchCall.of(LAYOUT, [("celery", False, None)])       # the intake only forwards: no limits there
+    in_intake = [publish("celery", plain) for _ in range(2)]
+    taken = [scripts.run(redis_client, "fetch", *intake.arguments(time.time(), False, "", 0))[3].decode()
+             for _ in range(2)]
+    assert taken == in_intake
+    assert _fetch(redis_client, acks=(first,)) == second
+
+
+def test_a_plain_celery_producers_calls_keep_to_the_tasks_concurrency_limit(
+        workers: Workers, redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    """Six calls of scarce (max_running=2) sent by stock Celery, which stamps no limits: one worker
+    of 4 processes never holds more than 2 of them (sampled every 10 ms), and all six end."""
+    from celery import Celery
+
+    limits = importlib.import_module("tests.apps.limits")
+    workers.start("tests.apps.limits", "cpu", "plain", "-c", "4", "--without-mingle", "--without-gossip")
+    stock = Celery("tests.limits.stock", broker=redis_server.url, backend=redis_server.url)
+    naps = [stock.send_task(limits.scarce.name, args=(f"p{i}", 0.4), queue="cpu") for i in range(6)]
+    most, deadline = 0, time.monotonic() + 60
+    while not all(nap.ready() for nap in naps) and time.monotonic() < deadline:
+        most = max(most, _running(redis_client).get(limits.scarce.name, 0))
+        time.sleep(0.01)
+    assert [nap.get(timeout=10) for nap in naps] == [f"p{i}" for i in range(6)]
+    assert most == 2
+
+
 def test_a_limit_of_two_is_never_exceeded_while_workers_are_sigkilled_and_every_task_ends(
         workers: Workers, redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
     """Two workers of 2 processes, 12 naps of 0.4 s under max_running=2; one worker is SIGKILLed

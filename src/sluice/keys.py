@@ -140,6 +140,12 @@ LIMIT_NEXT_PREFIX = f"{PREFIX}limit-next:"
 #: those not started for ten minutes are dropped (what ``sluice status`` and the metrics show).
 LIMIT_RATES = f"{PREFIX}limit-rates"
 
+#: Hash: task name -> JSON of the limits a call of it is held to when its message carries none
+#: and no charge (a plain Celery producer's, or a send_task of a task the sender lacks the code
+#: of): its task-wide limits, a keyed one under the task's id (``sluice.tasks.limits``); "[]"
+#: for none. Written by every worker with the task catalog.
+TASK_LIMITS = f"{PREFIX}task-limits"
+
 #: Sorted set: task id -> until when its revoke is kept (seconds since the epoch): no worker
 #: starts a task recorded here (``sluice.queues.revokes``; the fetch script flags it).
 REVOKED = f"{PREFIX}revoked"

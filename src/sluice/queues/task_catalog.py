@@ -40,6 +40,8 @@ class TaskEntry:
     at: float  #: when (epoch seconds)
     fallback: int | None = None  #: bytes a memory="auto" task runs with until learned (its app's default)
     limits: str = ""  #: its rate and concurrency limits in words (``sluice.tasks.limits.describe``)
+    #: the limits a message carrying none is held to (``sluice.tasks.limits.task_wide_header``)
+    wide_limits: tuple[tuple[Any, ...], ...] = ()
 
     def encode(self) -> str:
         return json.dumps(
@@ -51,6 +53,7 @@ class TaskEntry:
                 "at": self.at,
                 "fallback": self.fallback,
                 "limits": self.limits,
+                "wide_limits": self.wide_limits,
             }
         )
 
@@ -66,6 +69,7 @@ class TaskEntry:
             float(data.get("at") or 0),
             int(data["fallback"]) if data.get("fallback") else None,
             str(data.get("limits") or ""),
+            tuple(tuple(limit) for limit in data.get("wide_limits") or ()),
         )
 
 
@@ -82,6 +86,7 @@ def entries_of(app: Any, worker: str) -> list[TaskEntry]:
             now,
             app.fallback_memory,
             limits.describe(task),
+            tuple(tuple(limit) for limit in limits.task_wide_header(task)),
         )
         for name, task in sorted(app.tasks.items())
         if not name.startswith("celery.")
@@ -89,10 +94,12 @@ def entries_of(app: Any, worker: str) -> list[TaskEntry]:
 
 
 def publish(client: redis.Redis | Any, found: list[TaskEntry]) -> None:
-    """Write a worker's entries, stamped now (one HSET; ``client`` may be a pipeline)."""
+    """Write a worker's entries, stamped now, and the limits the fetch script holds their
+    headerless messages to (two HSETs; ``client`` may be a pipeline)."""
     now = time.time()
     if found:
         client.hset(keys.TASK_CATALOG, mapping={entry.name: replace(entry, at=now).encode() for entry in found})
+        client.hset(keys.TASK_LIMITS, mapping={entry.name: json.dumps(entry.wide_limits) for entry in found})
 
 
 def read(client: redis.Redis) -> dict[str, TaskEntry]:

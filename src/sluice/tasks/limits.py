@@ -21,7 +21,7 @@ meaning (each worker process keeps the rate for itself, holding messages in its 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery.utils.time import rate as per_second
@@ -131,6 +131,14 @@ def limits_header(
         else:
             header.append([name, limit.running, 0])
     return header
+
+
+def task_wide_header(task: Any) -> list[list[Any]]:
+    """The limits a call of ``task`` whose message carries none (a plain Celery producer's) is
+    held to: its limits with any key left out, all such calls sharing one count or rate."""
+    held = getattr(task, "cluster_limits", {})
+    wide = {option: replace(as_limit(value, option), key=None) for option, value in held.items()}
+    return limits_header(task.name, wide, task.run, (), {}) if wide else []
 
 
 def describe(task: Any) -> str:

@@ -61,7 +61,7 @@ class FetchCall:
         class what the fetch needs of it (``ResourceClass.fetch_terms``; None for another queue);
         ``priority_wait``: the longest a message waits behind higher priorities (0: no bound)."""
         listed = list(queues)
-        script_keys = [*layout.unhold_keys(), layout.revoked(), layout.limit_rates()]
+        script_keys = [*layout.unhold_keys(), layout.revoked(), layout.limit_rates(), layout.task_limits()]
         per_queue: list[Any] = []
         for queue, no_ack, terms in listed:
             script_keys += [

@@ -126,6 +126,9 @@ class RedisLayout:
     def limit_rates(self) -> str:
         return self.key(keys.LIMIT_RATES)
 
+    def task_limits(self) -> str:
+        return self.key(keys.TASK_LIMITS)
+
     def limit_next_prefix(self) -> str:
         return self.key(keys.LIMIT_NEXT_PREFIX)
 

@@ -7,7 +7,9 @@
 -- the held messages' charges, KEYS[4] the tenants' usage, KEYS[5] the held messages' limits,
 -- KEYS[6] the limits' running counts (held.lua), KEYS[7] the revoked task ids (sorted set: id ->
 -- until when kept, sluice.queues.revokes), KEYS[8] the rate limits in use (sorted set: "<id>\t<seconds
--- between starts>" -> when one last started), then six keys per queue, in the order to try
+-- between starts>" -> when one last started), KEYS[9] each task's limits for a message that
+-- carries neither limits nor a charge (a plain Celery producer's: sluice.keys.TASK_LIMITS),
+-- then six keys per queue, in the order to try
 -- them: its bell, its dead-letter list, its dead-letter counter, its tenant set, its parked lines
 -- (sorted set) and its parked count (list; sluice.keys.parked, parked_count).
 -- ARGV[1] now (seconds), ARGV[2] "1" when a bell ring woke this fetch (its token is spent),
@@ -116,6 +118,7 @@ end
 
 local UNACKED, INDEX, CHARGES, USAGE, HELD_LIMITS, RUNNING, REVOKED, RATES = KEYS[1], KEYS[2], KEYS[3],
   KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local TASK_LIMITS = KEYS[9]
 local UNHOLD = {UNACKED, INDEX, CHARGES, USAGE, HELD_LIMITS, RUNNING}
 local now, woken, cap, bell_cap = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
 local deep_queue, depth = ARGV[5], tonumber(ARGV[6])
@@ -131,7 +134,7 @@ local PARK_CHECK = 8  -- parked lines a fetch looks at per queue
 local RATE_SEEN = 600  -- how long a rate limit stays listed in RATES after its last start (seconds)
 -- Queue i's n-th key (1: bell, 2: dead-letter list, 3: dead-letter counter, 4: tenant set,
 -- 5: parked lines, 6: parked count).
-local function qkey(i, n) return KEYS[8 + 6 * (i - 1) + n] end
+local function qkey(i, n) return KEYS[9 + 6 * (i - 1) + n] end
 for j = FIRST + 4 * queues, #ARGV do unhold(UNHOLD, ARGV[j]) end
 
 local dead, malformed = 0, 0  -- dead-lettered; and dropped too (one fetch reads at most 100 such)
@@ -164,13 +167,22 @@ local function now_us()
 end
 local rate_wait  -- the soonest next start of a rate limit that kept a message waiting (microseconds from now)
 
--- A message's limits: the ids of its concurrency limits, its rate limits ({id, microseconds
--- between starts}), whether one of them has no room now (a running count at its most, a next
+-- A message's limits (on a resource class, a message without limits or charge headers has
+-- its task's, from TASK_LIMITS; not on the intake, which only forwards): the ids of its
+-- concurrency limits, its rate limits ({id, microseconds between starts}), whether one of them has no room now (a running count at its most, a next
 -- start still to come: rate_wait notes when), and the first rate limit it waits for ({id, its
 -- next start}), if any.
-local function limits_of(headers)
+local task_limits = {}  -- TASK_LIMITS read by this fetch, by task name
+local function limits_of(headers, on_class)
   local ids, rates, full, waits_for = {}, {}, false, nil
-  local limits = headers[limits_header]
+  local limits, task = headers[limits_header], headers['task']
+  if limits == nil and on_class and headers[charge_header] == nil and type(task) == 'string' then
+    if task_limits[task] == nil then
+      local ok, decoded = pcall(cjson.decode, redis.call('HGET', TASK_LIMITS, task) or '[]')
+      task_limits[task] = ok and decoded or {}
+    end
+    limits = task_limits[task]
+  end
   if type(limits) ~= 'table' then return ids, rates, full end
   for _, limit in ipairs(limits) do
     if type(limit) == 'table' and type(limit[1]) == 'string' then
@@ -260,7 +272,7 @@ local function pop(i, list, deep, tenant)
     if not raw then return nil, skipped end
     local tag, exchange, routing_key, headers = envelope(raw)  -- or nil and the reason
     local ids, rates, full, waits_for = {}, {}, false, nil
-    if tag then ids, rates, full, waits_for = limits_of(headers) end
+    if tag then ids, rates, full, waits_for = limits_of(headers, ARGV[a + 2] ~= '') end
     if tag and full then
       if waits_for and ARGV[a] ~= '1' then park(i, list, raw, at, tenant, waits_for) else at = at + 1 end
       skipped, passed = true, passed + 1
