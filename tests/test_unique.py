@@ -1,6 +1,7 @@
 """Unique tasks and idempotency keys, on a real redis-server (and a real worker where a body
 must run): a second call with a held key publishes nothing and returns the first call's result,
-atomically under 200 concurrent callers on 8 threads; a failed publish gives its key back; the
+atomically under 200 concurrent callers on 8 threads; a plain Celery producer's duplicates are
+claimed on the worker, not run, and resolve to the first call's result; a failed publish gives its key back; the
 worker keeps the claim ttl past the end; bad keys and declarations are named errors."""
 
 from __future__ import annotations
@@ -50,6 +51,26 @@ def test_two_hundred_concurrent_calls_with_one_key_make_one_task_and_one_run(
     value = calls[0].get(timeout=60)
     assert limits.ping.delay("after").get(timeout=60) == "after"   # the queue drained behind it
     assert redis_client.lrange(limits.RUNS, 0, -1) == [value.encode(), b"after"]
+
+
+def test_a_plain_celery_producers_duplicates_are_not_run_and_resolve_to_the_first_calls_result(
+        limits: ModuleType, workers: Workers, redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    """Stock Celery makes no claim at publish. Three calls of order (declared unique by
+    order_id) and three of ping sent with the ``sluice_unique`` header, all with one key each:
+    the worker claims the key, runs one of each (whichever of its processes claimed first),
+    acknowledges the others without running them, and every one of the six ids resolves to the
+    result of the one that ran."""
+    from celery import Celery
+
+    stock = Celery("tests.unique.stock", broker=redis_server.url, backend=redis_server.url)
+    orders = [stock.send_task(limits.order.name, args=("o-7",), queue="cpu") for _ in range(3)]
+    pings = [stock.send_task(limits.ping.name, args=(f"p{n}",), queue="cpu", headers={"sluice_unique": "60 k-1"})
+             for n in range(3)]
+    workers.start("tests.apps.limits", "cpu", "plain-unique", *WORKER)
+    assert [call.get(timeout=60) for call in orders] == ["o-7"] * 3
+    ran = {call.get(timeout=60) for call in pings}
+    assert len(ran) == 1 and ran <= {"p0", "p1", "p2"}
+    assert sorted(redis_client.lrange(limits.RUNS, 0, -1)) == [b"o-7", ran.pop().encode()]
 
 
 def test_a_publish_that_fails_gives_its_key_back(limits: ModuleType, redis_client: redis.Redis) -> None:

@@ -151,6 +151,12 @@ TASK_LIMITS = f"{PREFIX}task-limits"
 REVOKED = f"{PREFIX}revoked"
 
 
+def unique_followers(task_id: str) -> str:
+    """List: the ids of duplicates of unique call ``task_id`` (sent twice by a producer that made
+    no claim) that get its outcome once it is stored (``sluice.tasks.unique.follow``)."""
+    return f"{PREFIX}unique-followers:{task_id}"
+
+
 def unique(task: str, key: str) -> str:
     """String: the task id that holds idempotency key ``key`` of ``task`` (with a TTL; ``sluice.tasks.unique``)."""
     return f"{PREFIX}unique:{task}:{key}"

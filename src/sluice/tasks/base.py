@@ -130,9 +130,9 @@ class ComputeTask(Task):
             self._warn_eager()
             return super().__call__(*args, **kwargs)
         self._claim_delivery(request)
-        claim = _unique_claim(request)
+        claim = _unique_claim(request) or self._declared_claim(args, kwargs)
         if claim is not None:  # it stands while the task runs, and ttl after it ends
-            unique.renew(self.app.redis, self.name, claim[1], claim[0])
+            self._hold_unique(request, claim)
         try:
             return super().__call__(*args, **kwargs)
         except (Retry, Ignore, KeyboardInterrupt, SystemExit):
@@ -142,6 +142,32 @@ class ComputeTask(Task):
         finally:
             if claim is not None:
                 unique.renew(self.app.redis, self.name, claim[1], claim[0])
+
+    def _declared_claim(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, str] | None:
+        """A unique task's claim from its arguments, for a message that came without the header
+        (a plain Celery producer's: it made no claim)."""
+        if self.unique is None:
+            return None
+        return self.unique.ttl, call_key(self.unique.key, self.run, args, kwargs, unique.KEY)
+
+    def _hold_unique(self, request: Any, claim: tuple[int, str]) -> None:
+        """Hold the call's idempotency key while it runs. A sluice producer claimed it at
+        publish; a message from one that did not (a plain Celery producer) claims it here, and
+        if another call holds it this one is a duplicate: not run (acknowledged), its id made to
+        resolve to the holder's result (``unique.follow``)."""
+        ttl, key = claim
+        holder = unique.claim(self.app.redis, self.name, key, request.id, ttl)
+        if holder is not None and holder != request.id:
+            log.warning("task %s[%s] duplicates %s (idempotency key %r): not run", self.name, request.id, holder, key)
+            unique.follow(self.app, holder, request.id, ttl)
+            raise Ignore()
+        unique.renew(self.app.redis, self.name, key, ttl)
+
+    def after_return(self, status: str, retval: Any, task_id: str, *args: Any, **kwargs: Any) -> None:
+        """Once a unique call's outcome is stored, the duplicates that follow it get it too."""
+        if status in states.READY_STATES and (_unique_claim(self.request) or self.unique is not None):
+            unique.resolve_followers(self.app, task_id)
+        super().after_return(status, retval, task_id, *args, **kwargs)
 
     def delivery_claim(self, request: Any) -> ledger.ClaimWrite | None:
         """The ledger write that claims this attempt (None outside a worker)."""

@@ -7,15 +7,20 @@ the same key while the claim stands publishes nothing and returns the first call
 ``AsyncResult`` (the same task id). The claim lasts ``ttl`` seconds from the call, and the
 worker renews it when the task starts and when it ends, so it stands while the task waits (up to
 ``ttl``), runs, and for ``ttl`` after it finished. A publish that fails gives its claim back.
+A message from a producer that made no claim (a plain Celery client; with the ``sluice_unique``
+header ``"<ttl> <key>"``, or of a task declared unique) claims its key on the worker: a
+duplicate is acknowledged without running, and its id resolves to the first call's result.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import redis
+from celery import states
 
-from sluice import keys
+from sluice import entries, keys
 from sluice.errors import ConfigurationError
 from sluice.tasks.call_keys import CallKey, check_call_key
 
@@ -65,3 +70,28 @@ def give_back(client: redis.Redis, task: str, key: str, task_id: str) -> None:
 def renew(client: redis.Redis, task: str, key: str, ttl: int) -> None:
     """Keep the claim ``ttl`` seconds from now (the worker, as the task starts and ends)."""
     client.expire(keys.unique(task, key), ttl)
+
+
+def follow(app: Any, holder: str, duplicate: str, ttl: int) -> None:
+    """Make the id of ``duplicate`` (a message a plain producer sent twice) resolve to
+    ``holder``'s result: listed as its follower, and given its outcome now if it has one. The
+    holder lists its followers after storing its outcome (:func:`resolve_followers`), so one of
+    the two always copies it, whichever comes first."""
+    name = keys.unique_followers(holder)
+    app.redis.pipeline().rpush(name, duplicate).expire(name, ttl).execute()
+    meta = app.backend.get_task_meta(holder)
+    if meta.get("status") in states.READY_STATES:
+        _copy(app, meta, [duplicate])
+
+
+def resolve_followers(app: Any, holder: str) -> None:
+    """Give ``holder``'s stored outcome to the duplicates that follow it (see :func:`follow`)."""
+    name = keys.unique_followers(holder)
+    followers = [entries.text(raw) for raw in app.redis.lrange(name, 0, -1)]
+    if followers:
+        _copy(app, app.backend.get_task_meta(holder), followers)
+
+
+def _copy(app: Any, meta: dict[str, Any], ids: list[str]) -> None:
+    for task_id in ids:
+        app.backend.store_result(task_id, meta.get("result"), meta["status"], traceback=meta.get("traceback"))
