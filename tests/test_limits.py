@@ -27,11 +27,12 @@ from sluice.headers import LIMITS
 from sluice.queues.broker import scripts
 from sluice.queues.broker.fetching import FetchCall
 from sluice.queues.broker.layout import RedisLayout
-from sluice.queues.catalog import ResourceClass
+from sluice.queues.catalog import Catalog, ResourceClass
 from tests.conftest import Workers, wait_for
 
 LAYOUT = RedisLayout()
 POOL = ResourceClass("pool", Compute(cpu="1", memory="1Gi"), slots=4)
+CATALOG = Catalog([POOL])
 FETCH = FetchCall.of(LAYOUT, [(POOL.name, False, POOL.fetch_terms())])
 _sent = 0
 
@@ -63,7 +64,7 @@ def test_a_full_limit_keeps_its_message_in_place_and_the_fetch_takes_the_one_beh
     assert _fetch(redis_client) is None
     assert redis_client.llen(POOL.name) == 1 and _running(redis_client) == {"t": 2}
     registry = CollectorRegistry()
-    registry.register(LimitMetrics(redis_client))
+    registry.register(LimitMetrics(redis_client, CATALOG))
     assert 'sluice_limit_running{limit="t"} 2.0' in generate_latest(registry).decode()
     shown = CliRunner().invoke(status)
     assert shown.exit_code == 0 and "running under concurrency limits: t 2" in shown.output, shown.output
@@ -91,7 +92,7 @@ def test_a_rate_limit_spaces_takes_by_redis_clock_and_the_empty_fetch_says_when_
     reply = scripts.run(redis_client, "fetch", *FETCH.arguments(time.time(), False, "", 0))
     assert len(reply) == 2 and 0 < reply[1] <= 300_000, reply
     registry = CollectorRegistry()
-    registry.register(LimitMetrics(redis_client))
+    registry.register(LimitMetrics(redis_client, CATALOG))
     exposed = generate_latest(registry).decode()
     assert 'sluice_limit_rate{limit="r"} 3.33' in exposed and 'sluice_limit_next_start_seconds{limit="r"} 0.' in exposed
     shown = CliRunner().invoke(status)
@@ -137,6 +138,9 @@ def test_messages_waiting_for_a_rate_limit_are_parked_out_of_the_way_and_come_ba
     assert _fetch(redis_client) == free                           # parked 35 more, then took it
     assert redis_client.llen(POOL.name) == 0 and redis_client.llen(keys.parked_count(POOL.name)) == 99
     assert LAYOUT.queue_depth(redis_client, POOL.name) == 99
+    registry = CollectorRegistry()
+    registry.register(LimitMetrics(redis_client, CATALOG))
+    assert 'sluice_limit_waiting{limit="r"} 99.0' in generate_latest(registry).decode()
     assert {m["properties"]["delivery_tag"] for m in LAYOUT.waiting(redis_client, POOL.name)} == set(limited[1:])
     assert time.monotonic() - began < 0.25
     assert _fetch(redis_client) is None

@@ -19,6 +19,7 @@ from sluice.queues.status import (
     class_status,
     intake_status,
     limits_running,
+    parked_by_limit,
     rate_limits,
     tasks_by_class,
     tenant_status,
@@ -44,6 +45,7 @@ def status(app_name: str | None) -> None:
         tenants = tenant_status(broker.client, broker.catalog)
         limited = limits_running(broker.client)
         rates = rate_limits(broker.client)
+        parked = parked_by_limit(broker.client, broker.catalog)
     except redis.RedisError as exc:
         raise click.ClickException(f"cannot read the broker: {exc}") from None
     table = Table(title="sluice status")
@@ -77,7 +79,10 @@ def status(app_name: str | None) -> None:
     if rates:
         console.print(
             "rate limits (used in the last 10 min): "
-            + ", ".join(f"{r.limit} {r.per_second:g}/s, next start in {r.next_in:.2f} s" for r in rates)
+            + ", ".join(
+                f"{r.limit} {r.per_second:g}/s, next start in {r.next_in:.2f} s, {parked.get(r.limit, 0)} waiting"
+                for r in rates
+            )
         )
     if serves.get("?"):
         console.print(f"[yellow]no class here holds[/yellow] {', '.join(serves['?'])}")

@@ -21,7 +21,14 @@ from sluice import entries, keys
 from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.queues.catalog import Catalog
-from sluice.queues.status import class_status, intake_status, limits_running, rate_limits, tenant_status
+from sluice.queues.status import (
+    class_status,
+    intake_status,
+    limits_running,
+    parked_by_limit,
+    rate_limits,
+    tenant_status,
+)
 from sluice.tasks import memory_profile
 
 
@@ -164,12 +171,12 @@ class TenantMetrics(Collector):
 class LimitMetrics(Collector):
     """``sluice_limit_running{limit}``: the tasks running now under each concurrency limit (a limit
     with none running is not listed); ``sluice_limit_rate{limit}``, the starts per second of each
-    rate limit used in the last ten minutes, and ``sluice_limit_next_start_seconds{limit}``, how
-    long until its next call may start (0: one may now; above 0 while calls wait for it).
-    See ``sluice.tasks.limits``."""
+    rate limit used in the last ten minutes, ``sluice_limit_next_start_seconds{limit}``, how
+    long until its next call may start (0: one may now), and ``sluice_limit_waiting{limit}``,
+    the calls parked waiting for it. See ``sluice.tasks.limits``."""
 
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
+    def __init__(self, client: redis.Redis, catalog: Catalog) -> None:
+        self.client, self.catalog = client, catalog
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         running = GaugeMetricFamily("sluice_limit_running", "Tasks running under a concurrency limit", labels=["limit"])
@@ -179,10 +186,15 @@ class LimitMetrics(Collector):
         next_start = GaugeMetricFamily(
             "sluice_limit_next_start_seconds", "Seconds until a rate limit lets its next call start", labels=["limit"]
         )
+        waiting = GaugeMetricFamily(
+            "sluice_limit_waiting", "Calls waiting for a rate limit's next start", labels=["limit"]
+        )
         for use in rate_limits(self.client):
             rate.add_metric([use.limit], use.per_second)
             next_start.add_metric([use.limit], use.next_in)
-        yield from (running, rate, next_start)
+        for limit, count in parked_by_limit(self.client, self.catalog).items():
+            waiting.add_metric([limit], count)
+        yield from (running, rate, next_start, waiting)
 
 
 def _resources(compute: Compute) -> tuple[tuple[str, float | None], ...]:
@@ -199,6 +211,6 @@ def serve(
     registry.register(ClassMetrics(client, catalog, intake))
     registry.register(TaskMetrics(client))
     registry.register(TenantMetrics(client, catalog))
-    registry.register(LimitMetrics(client))
+    registry.register(LimitMetrics(client, catalog))
     start_http_server(port, addr=address, registry=registry)
     return registry

@@ -157,6 +157,21 @@ def rate_limits(client: redis.Redis) -> list[RateUse]:
     return sorted(uses, key=lambda use: use.limit)
 
 
+def parked_by_limit(client: redis.Redis, catalog: Catalog, layout: RedisLayout = RedisLayout()) -> dict[str, int]:
+    """Messages waiting for each rate limit's next start (parked, every class, every tenant)."""
+    lists = [key for rc in catalog for found in layout.parked_lists(client, rc.name).values() for key in found]
+    if not lists:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for key in lists:
+        pipe.llen(key)
+    counts: dict[str, int] = {}
+    for key, count in zip(lists, pipe.execute()):
+        limit = key.rsplit("\t", 1)[1]
+        counts[limit] = counts.get(limit, 0) + int(count)
+    return counts
+
+
 def _rate_entry(item: tuple[bytes | str, float]) -> tuple[str, float, float]:
     limit, every = entries.text(item[0]).rsplit("\t", 1)
     return limit, float(every), float(item[1])
