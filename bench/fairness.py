@@ -25,7 +25,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -130,11 +129,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="throughput rounds each way (alternated)")
     args = parser.parse_args()
-    from sluice.deploy.embedded import EmbeddedRedis
+    from bench import private_broker
 
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp)) as server:
-        os.environ["SLUICE_BROKER_URL"] = server.url
-        env = os.environ | {"PYTHONPATH": str(ROOT)}
+    with private_broker() as env:
         fair, fifo = late(env, True), late(env, False)
         shares = weights(env)
         most = quota(env)

@@ -26,9 +26,8 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -63,7 +62,9 @@ def workers(env: dict[str, str], plain: bool = False) -> Iterator[None]:
             process.wait(30)
 
 
-def most_in_a_second(starts: list[float]) -> int:
+def most_in_a_second(starts: Sequence[float]) -> int:
+    """The most of ``starts`` (sorted) in any half-open one-second window [t, t + 1), one
+    opening at each start."""
     most, first = 0, 0
     for last, at in enumerate(starts):
         while at - starts[first] >= 1.0:
@@ -125,11 +126,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="throughput rounds each way (alternated)")
     args = parser.parse_args()
-    from sluice.deploy.embedded import EmbeddedRedis
+    from bench import private_broker
 
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp)) as server:
-        os.environ["SLUICE_BROKER_URL"] = server.url
-        env = os.environ | {"PYTHONPATH": str(ROOT)}
+    with private_broker() as env:
         from bench import limits_app  # its apps read the broker's URL
 
         sluice_rate = rate_run(env, plain=False)

@@ -5,10 +5,10 @@ times the task bodies record; a keyed rate gives each key its own 4/s."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
 
 import redis
 
+from bench.limits import most_in_a_second
 from tests.conftest import Workers
 
 ARGS = ("-c", "2", "--without-mingle", "--without-gossip")
@@ -17,16 +17,6 @@ ARGS = ("-c", "2", "--without-mingle", "--without-gossip")
 def _starts(client: redis.Redis, label: str | None = None) -> list[float]:
     records = [line.decode().split(" ") for line in client.lrange("test:limits-starts", 0, -1)]
     return sorted(float(at) for name, at in records if label is None or name == label)
-
-
-def _most_in_a_second(starts: Sequence[float]) -> int:
-    """The most starts in any half-open one-second window [t, t + 1) (one opening at each start)."""
-    most, first = 0, 0
-    for last, at in enumerate(starts):
-        while at - starts[first] >= 1.0:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 def test_twenty_per_second_holds_across_four_processes_and_is_used_to_at_least_95_percent(
@@ -42,7 +32,7 @@ def test_twenty_per_second_holds_across_four_processes_and_is_used_to_at_least_9
         result.get(timeout=60)
     starts = _starts(redis_client)
     assert len(starts) == 210
-    assert _most_in_a_second(starts) <= 20
+    assert most_in_a_second(starts) <= 20
     rate = (len(starts) - 1) / (starts[-1] - starts[0])
     assert rate >= 0.95 * 20, rate
 
