@@ -157,7 +157,9 @@ class ComputeTask(Task):
         resolve to the holder's result (``unique.follow``)."""
         ttl, key = claim
         holder = unique.claim(self.app.redis, self.name, key, request.id, ttl)
-        if holder is not None and holder != request.id:
+        if holder is None:  # claimed just now, for ttl
+            return
+        if holder != request.id:
             log.warning("task %s[%s] duplicates %s (idempotency key %r): not run", self.name, request.id, holder, key)
             unique.follow(self.app, holder, request.id, ttl)
             raise Ignore()
@@ -165,7 +167,8 @@ class ComputeTask(Task):
 
     def after_return(self, status: str, retval: Any, task_id: str, *args: Any, **kwargs: Any) -> None:
         """Once a unique call's outcome is stored, the duplicates that follow it get it too."""
-        if status in states.READY_STATES and (_unique_claim(self.request) or self.unique is not None):
+        request = self.request
+        if status in states.READY_STATES and not request.is_eager and (_unique_claim(request) or self.unique):
             unique.resolve_followers(self.app, task_id)
         super().after_return(status, retval, task_id, *args, **kwargs)
 

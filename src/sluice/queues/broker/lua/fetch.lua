@@ -6,12 +6,12 @@
 -- KEYS[1] kombu's unacked hash, KEYS[2] its unacked index (sorted set by delivery time), KEYS[3]
 -- the held messages' charges, KEYS[4] the tenants' usage, KEYS[5] the held messages' limits,
 -- KEYS[6] the limits' running counts (held.lua), KEYS[7] the revoked task ids (sorted set: id ->
--- until when kept, sluice.queues.revokes), KEYS[8] the rate limits in use (sorted set: "<id>\t<seconds
--- between starts>" -> when one last started), KEYS[9] each task's limits for a message that
--- carries neither limits nor a charge (a plain Celery producer's: sluice.keys.TASK_LIMITS),
--- then six keys per queue, in the order to try
--- them: its bell, its dead-letter list, its dead-letter counter, its tenant set, its parked lines
--- (sorted set) and its parked count (list; sluice.keys.parked, parked_count).
+-- until when kept, sluice.queues.revokes), KEYS[8] the rate limits in use (sorted set:
+-- "<id>\t<seconds between starts>" -> when one last started), KEYS[9] each task's limits for a
+-- message that carries neither limits nor a charge (a plain Celery producer's:
+-- sluice.keys.TASK_LIMITS), then six keys per queue, in the order to try them: its bell, its
+-- dead-letter list, its dead-letter counter, its tenant set, its parked lines (sorted set) and
+-- its parked count (list; sluice.keys.parked, parked_count).
 -- ARGV[1] now (seconds), ARGV[2] "1" when a bell ring woke this fetch (its token is spent),
 -- ARGV[3] the dead-letter list cap, ARGV[4] the bell cap, ARGV[5] a queue read deep and ARGV[6]
 -- how deep ("0": at the head, as always; more: a packed worker backfilling past messages it has
@@ -20,8 +20,8 @@
 -- that order), ARGV[10] the separator of a tenant's queue, ARGV[11] the default tenant, ARGV[12]
 -- and ARGV[13] the tenant and charge headers, ARGV[14] the publish-time header and ARGV[15] the
 -- longest a message waits behind higher priorities of its tenant ("0": no bound), ARGV[16] the
--- limits header, ARGV[17] the prefix of a rate limit's key (+ its id: string, the earliest
--- next start in microseconds of Redis's clock, expiring then), ARGV[18] the number of queues; then four per
+-- limits header, ARGV[17] the prefix of a rate limit's key (+ its id: string, the earliest next
+-- start in microseconds of Redis's clock, expiring then), ARGV[18] the number of queues; then four per
 -- queue: "1" for a no-ack consumer (the message is only popped, as kombu does for no_ack) or
 -- "0"; the queue's name; for a resource class, the charge of one slot ("<millicores> <bytes>
 -- <gpus>") and the tenants' shares ("<tenant> <weight> <cpu cap> <memory cap> <gpu cap> ...",
@@ -33,8 +33,9 @@
 -- queue, each other on its tenant queue) with the lowest weighted dominant share of what its
 -- held messages charge (dominant-resource fairness over cpu, memory and gpu, in slots of the
 -- class), among those with a message waiting whose charge fits under their quota; inside a
--- tenant, the lowest priority step first, then first in, first out (past a message one of whose
--- limits has no room, up to SCAN deep: it stays where it is), except that a message at the
+-- tenant, the lowest priority step first, then first in, first out (past a message waiting for a
+-- concurrency limit, up to SCAN deep: it stays where it is; one waiting for a rate limit is
+-- parked, see below), except that a message at the
 -- head of a later step that has waited past the bound (by its publish-time header) goes first,
 -- the longest-waiting of such first, so no priority starves. A message on the class's own
 -- queue that names another tenant (a plain Celery producer's header, or one put back there) is
@@ -169,9 +170,9 @@ local rate_wait  -- the soonest next start of a rate limit that kept a message w
 
 -- A message's limits (on a resource class, a message without limits or charge headers has
 -- its task's, from TASK_LIMITS; not on the intake, which only forwards): the ids of its
--- concurrency limits, its rate limits ({id, microseconds between starts}), whether one of them has no room now (a running count at its most, a next
--- start still to come: rate_wait notes when), and the first rate limit it waits for ({id, its
--- next start}), if any.
+-- concurrency limits, its rate limits ({id, microseconds between starts}), whether one of them
+-- has no room now (a running count at its most, a next start still to come: rate_wait notes
+-- when), and the first rate limit it waits for ({id, its next start}), if any.
 local task_limits = {}  -- TASK_LIMITS read by this fetch, by task name
 local function limits_of(headers, on_class)
   local ids, rates, full, waits_for = {}, {}, false, nil
@@ -222,6 +223,8 @@ end
 -- or in a second.
 local function unpark(i)
   local index = qkey(i, 5)
+  local first = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')  -- none parked (as a rule): one command, no clock
+  if #first == 0 or tonumber(first[2]) * 1000000 > now_us() then return end
   local due = redis.call('ZRANGEBYSCORE', index, '-inf', seconds(now_us()), 'LIMIT', 0, PARK_CHECK)
   for _, member in ipairs(due) do
     local parked = index .. '\t' .. member
