@@ -162,6 +162,20 @@ def test_messages_waiting_for_a_rate_limit_are_parked_out_of_the_way_and_come_ba
     assert not redis_client.keys(keys.parked(POOL.name) + "*") and not redis_client.llen(keys.parked_count(POOL.name))
 
 
+def test_a_parked_entry_that_names_no_line_gives_its_message_back_to_the_queue_not_lost(
+        redis_client: redis.Redis) -> None:
+    """Only the fetch script writes the parked index, but one bad entry must not lose a message:
+    a due entry that names no line puts its message at the head of the queue's own line."""
+    tag = _publish(redis_client, None)
+    raw = redis_client.rpop(POOL.name)
+    index = keys.parked(POOL.name)
+    redis_client.zadd(index, {"not-a-parked-line": 0})
+    redis_client.lpush(f"{index}\tnot-a-parked-line", raw)
+    redis_client.lpush(keys.parked_count(POOL.name), "1")
+    assert _fetch(redis_client) == tag
+    assert not redis_client.zcard(index) and not redis_client.llen(keys.parked_count(POOL.name))
+
+
 def test_a_message_with_no_limits_and_no_charge_is_held_to_its_tasks_limits_from_the_catalog(
         redis_client: redis.Redis) -> None:
     """What a plain Celery producer sends carries neither sluice's limits nor its charge: the

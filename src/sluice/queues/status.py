@@ -167,7 +167,7 @@ def parked_by_limit(client: redis.Redis, catalog: Catalog, layout: RedisLayout =
         pipe.llen(key)
     counts: dict[str, int] = {}
     for key, count in zip(lists, pipe.execute()):
-        limit = key.rsplit("\t", 1)[1]
+        limit = key.split("\t", 3)[-1]  # <index>\t<tenant>\t<line>\t<id>: an id may hold tabs
         counts[limit] = counts.get(limit, 0) + int(count)
     return counts
 

@@ -219,8 +219,9 @@ local function park(i, line, raw, at, tenant, waits_for)
 end
 
 -- Queue i's parked lines whose time has come: each one's oldest message back at the head of its
--- line. The line is looked at again at its limit's next start once one is taken (start_rates),
--- or in a second.
+-- line (one whose entry does not name its line: at the head of the queue's own, nothing is lost).
+-- The line is looked at again at its limit's next start once one is taken (start_rates), or in
+-- a second.
 local function unpark(i)
   local index = qkey(i, 5)
   local first = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')  -- none parked (as a rule): one command, no clock
@@ -229,11 +230,11 @@ local function unpark(i)
   for _, member in ipairs(due) do
     local parked = index .. '\t' .. member
     local raw = redis.call('RPOP', parked)
-    local tenant, line = string.match(member, '^([^\t]*)\t([^\t]*)\t')
-    if raw and line then
-      redis.call('RPUSH', line, raw)
+    local tenant, line = string.match(member, '^([^\t]*)\t([^\t]+)\t')
+    if raw then
+      redis.call('RPUSH', line or prefix .. ARGV[FIRST + 4 * (i - 1) + 1], raw)
       redis.call('RPOP', qkey(i, 6))
-      if tenant ~= default_tenant then redis.call('SADD', qkey(i, 4), tenant) end
+      if line and is_tenant(tenant) and tenant ~= default_tenant then redis.call('SADD', qkey(i, 4), tenant) end
     end
     if redis.call('LLEN', parked) == 0 then
       redis.call('ZREM', index, member)
