@@ -7,7 +7,7 @@ import time
 
 import click
 
-from sluice.cli.common import app_option, broker_client, load_app
+from sluice.cli.common import app_option, broker_client, configured_broker_url, load_app
 from sluice.deploy import kube_client
 
 
@@ -60,12 +60,25 @@ def autoscale(
 @click.option("--port", default=9100, show_default=True)
 @click.option("--address", default="127.0.0.1", show_default=True)
 def metrics(app_name: str | None, port: int, address: str) -> None:
-    """Serve Prometheus metrics per class (queued, reserved, running, workers, escalations, memory
-    kills) for docker-compose or local use."""
+    """Serve Prometheus metrics: per class (queued, reserved, running, workers, escalations, memory
+    kills), per tenant and limit, and per task, counted from Celery's events under celery-exporter's
+    names (sent, started, succeeded, failed, retried, ... and runtime; workers started with -E),
+    with the wait from publish to start, for docker-compose, Kubernetes or local use."""
+    from sluice import App
     from sluice.deploy.metrics import serve  # CLI start-up: prometheus_client (~17 ms)
 
     broker = broker_client(app_name)
-    serve(broker.client, broker.catalog, port, address, intake=broker.settings.intake_queue)
+    url = configured_broker_url(broker.settings)
+    events_app = load_app(app_name) if app_name else App("sluice.metrics", broker=url)
+    serve(
+        broker.client,
+        broker.catalog,
+        port,
+        address,
+        intake=broker.settings.intake_queue,
+        events_app=events_app,
+        task_names=broker.settings.metrics_task_names,
+    )
     click.echo(f"serving http://{address}:{port}/metrics")
     while True:
         time.sleep(3600)

@@ -161,6 +161,12 @@ class Settings:
         "on its class before it goes first (priority aging), in seconds; 0: no bound",
         default=300.0,
     )
+    metrics_task_names: int = setting(
+        Number(1, 100_000, whole=True),
+        "The most task names `sluice metrics` exports task metrics for (a bound on its series); "
+        'tasks past it are counted under name="other"',
+        default=500,
+    )
     rate_limit_per_worker: bool = setting(
         Flag(),
         "Give a task's rate_limit Celery's meaning: each worker process keeps the rate for itself "

@@ -7,6 +7,7 @@ Served by ``sluice autoscale`` and by ``sluice metrics`` (compose / local use).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import redis
 from prometheus_client import start_http_server
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 from sluice import entries, keys
 from sluice.compute import Compute
 from sluice.config import Settings
+from sluice.deploy.task_events import TaskEventMetrics
 from sluice.queues.catalog import Catalog
 from sluice.queues.status import (
     class_status,
@@ -204,13 +206,23 @@ def _resources(compute: Compute) -> tuple[tuple[str, float | None], ...]:
 
 
 def serve(
-    client: redis.Redis, catalog: Catalog, port: int, address: str = "0.0.0.0", intake: str = Settings.intake_queue
+    client: redis.Redis,
+    catalog: Catalog,
+    port: int,
+    address: str = "0.0.0.0",
+    intake: str = Settings.intake_queue,
+    events_app: Any = None,
+    task_names: int = Settings.metrics_task_names,
 ) -> CollectorRegistry:
-    """Serve ``/metrics`` on ``port`` from a background thread; returns the registry."""
+    """Serve ``/metrics`` on ``port`` from a background thread; returns the registry. With
+    ``events_app``, also the task metrics counted from its broker's Celery events (at most
+    ``task_names`` names; ``sluice.deploy.task_events``)."""
     registry = CollectorRegistry()
     registry.register(ClassMetrics(client, catalog, intake))
     registry.register(TaskMetrics(client))
     registry.register(TenantMetrics(client, catalog))
     registry.register(LimitMetrics(client, catalog))
+    if events_app is not None:
+        TaskEventMetrics(events_app, registry, catalog, task_names).start()
     start_http_server(port, addr=address, registry=registry)
     return registry
