@@ -81,7 +81,7 @@ def test_a_task_learns_its_memory_moves_to_the_small_class_and_a_kill_makes_the_
         assert following["memory"] > small["memory"], (following, small)
 
         metrics = {(s.name, s.labels.get("task"), s.labels.get("quantile")): s.value
-                   for m in TaskMetrics(client).collect() for s in m.samples}
+                   for m in TaskMetrics(client, sender.catalog, sender.settings).collect() for s in m.samples}
         assert metrics[("sluice_task_runs_observed_total", TASK + "hundred", None)] == 6
         assert metrics[("sluice_task_memory_kills_total", TASK + "varies", None)] >= 1
 

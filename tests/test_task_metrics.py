@@ -1,13 +1,16 @@
 """Task metrics from Celery's events under celery-exporter's names, with a real worker sending
-events (-E): each counter and histogram checked against what the tasks did."""
+events (-E): each counter and histogram checked against what the tasks did, in the registry
+``sluice metrics`` serves; every metric the alert rules read is in that scrape."""
 
 from __future__ import annotations
 
 import importlib
+import re
 
 from prometheus_client.core import CollectorRegistry
 
-from sluice.deploy.task_events import OTHER, TaskEventMetrics
+from sluice.deploy import alerts, metrics
+from sluice.deploy.task_events import OTHER
 from tests.conftest import Workers, wait_for
 
 
@@ -21,10 +24,11 @@ def test_succeeded_failed_and_retried_tasks_are_counted_by_name_queue_and_worker
     """Three ok, one boom (ValueError) and one flaky (a retry, then success) on one worker:
     sent, started, succeeded, failed (with its exception) and retried counts per task on the
     worker's hostname and the cpu queue and class, the runtime and wait histograms' counts, the
-    worker's gauges; with a cap of two task names, the third seen (flaky) is counted as "other"."""
+    worker's gauges; with a cap of two task names, the third seen (flaky) is counted as "other".
+    Every metric an alert rule reads is in the scrape."""
     observed = importlib.import_module("tests.apps.observed")
-    registry = CollectorRegistry()
-    TaskEventMetrics(observed.app, registry, observed.app.catalog, max_names=2).start()
+    app = observed.app
+    registry = metrics.registry(app.redis, app.catalog, events_app=app, task_names=2, settings=app.settings)
     workers.start("tests.apps.observed", "cpu", "observed", "-E", "--without-mingle", "--without-gossip")
     host = "observed@test"
     wait_for(lambda: _total(registry, "celery_worker_up", hostname=host) == 1, 30,
@@ -46,3 +50,6 @@ def test_succeeded_failed_and_retried_tasks_are_counted_by_name_queue_and_worker
     assert _total(registry, "celery_task_runtime_count", name=ok, hostname=host, **on_cpu) == 3
     assert _total(registry, "sluice_task_wait_seconds_count", name=ok, resource_class="cpu") == 3
     assert _total(registry, "celery_worker_tasks_active", hostname=host) == 0
+    scraped = {sample.name for metric in registry.collect() for sample in metric.samples}
+    read = {name for _, expr, *_ in alerts.RULES for name in re.findall(r"\b(?:sluice|celery)_[a-z_]+", expr)}
+    assert read and read <= scraped, read - scraped

@@ -278,7 +278,8 @@ def test_every_reader_of_sluices_redis_structures_reads_the_rest_past_one_bad_en
     assert (1, letter) in dead_letters.read(client, LAYOUT, "cpu")
     assert "cpu" in {r.queue for r in dead_letters.summary(client, LAYOUT)}
     samples = {(s.name, tuple(s.labels.values())): s.value
-               for m in (*ClassMetrics(client, app.catalog).collect(), *TaskMetrics(client).collect()) for s in m.samples}
+               for m in (*ClassMetrics(client, app.catalog).collect(), *TaskMetrics(client, app.catalog, app.settings).collect())
+               for s in m.samples}
     assert samples[("sluice_forwarded_total", ("small", "big"))] == 2
     assert samples[("sluice_reserved", ("cpu",))] >= 1
     assert samples[("sluice_task_runs_observed_total", ("good.task",))] >= 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sluice import App
@@ -11,6 +12,8 @@ app = App("tests.apps.observed")
 
 @app.task
 def ok(x: int) -> int:
+    """Runs long enough for the watchdog to measure its memory (it samples every 50 ms)."""
+    time.sleep(0.2)
     return x
 
 

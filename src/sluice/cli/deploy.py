@@ -12,9 +12,12 @@ from typing import Any
 import click
 
 from sluice.cli.common import app_option, load_app
-from sluice.deploy import kube_client
+from sluice.deploy import alerts, kube_client
 from sluice.deploy.compose import render_compose
 from sluice.deploy.manifests import Manifest, RenderOptions, render, to_yaml
+
+#: The alert rules as a plain Prometheus rules file, beside the objects (``render --out``).
+RULES_FILE = "sluice-rules.yml"
 
 
 def _rendered(options: RenderOptions) -> dict[str, list[Manifest]]:
@@ -67,11 +70,13 @@ def deploy() -> None:
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Write sluice.yaml, keda.yaml and autoscaler.yaml here (default: all to stdout).",
+    help="Write sluice.yaml, keda.yaml, autoscaler.yaml, monitoring.yaml and the alert rules as a "
+    "plain Prometheus rules file (sluice-rules.yml) here (default: the objects to stdout).",
 )
 def render_command(options: RenderOptions, out: Path | None) -> None:
-    """Render the Namespace, Redis, Flower, a worker Deployment per class, KEDA ScaledObjects, and
-    the built-in autoscaler (use either keda.yaml or autoscaler.yaml)."""
+    """Render the Namespace, Redis, Flower, a worker Deployment per class, KEDA ScaledObjects, the
+    built-in autoscaler (use either keda.yaml or autoscaler.yaml), and the alert rules (a
+    PrometheusRule in monitoring.yaml; with --out, also a plain rules file)."""
     files = _rendered(options)
     if out is None:
         click.echo(to_yaml([doc for docs in files.values() for doc in docs]), nl=False)
@@ -80,6 +85,8 @@ def render_command(options: RenderOptions, out: Path | None) -> None:
     for name, docs in files.items():
         (out / name).write_text(to_yaml(docs))
         click.echo(f"wrote {out / name} ({len(docs)} objects)")
+    (out / RULES_FILE).write_text(to_yaml([alerts.rules_file()]))
+    click.echo(f"wrote {out / RULES_FILE} (alert rules for Prometheus's rule_files)")
 
 
 @deploy.command("compose")

@@ -40,7 +40,7 @@ def autoscale(
     with kube_client.reaching(api):  # a cluster that does not answer now is an error, later only a log line
         client.CoreV1Api(api).list_namespaced_pod(namespace, limit=1)
     if metrics_port:
-        serve(app.redis, app.catalog, metrics_port, intake=app.settings.intake_queue)
+        serve(app.redis, app.catalog, metrics_port, intake=app.settings.intake_queue, settings=app.settings)
     Autoscaler(
         app.redis,
         app.catalog,
@@ -78,6 +78,7 @@ def metrics(app_name: str | None, port: int, address: str) -> None:
         intake=broker.settings.intake_queue,
         events_app=events_app,
         task_names=broker.settings.metrics_task_names,
+        settings=broker.settings,
     )
     click.echo(f"serving http://{address}:{port}/metrics")
     while True:

@@ -11,8 +11,6 @@ from rich.table import Table
 
 from sluice.cli.common import Broker, app_option, broker_client, console, format_age, load_app, reader
 from sluice.compute import Compute
-from sluice.config import fallback_memory
-from sluice.errors import NoQueueFits
 from sluice.queues import task_catalog
 from sluice.queues.status import (
     TenantStatus,
@@ -21,6 +19,7 @@ from sluice.queues.status import (
     limits_running,
     parked_by_limit,
     rate_limits,
+    task_route,
     tasks_by_class,
     tenant_status,
 )
@@ -151,16 +150,8 @@ def explain(app_name: str | None, from_cluster: bool) -> None:
             observed = memory_profile.read(broker.client, entry.name)
         except redis.RedisError:
             observed = None
-        effective = memory_profile.with_learned_memory(
-            entry.effective,
-            observed or memory_profile.EMPTY,
-            broker.settings,
-            entry.fallback or fallback_memory(Compute(), broker.settings),
-        )
-        try:
-            where = broker.catalog.route(effective, entry.name).name
-        except NoQueueFits:
-            where = "[red]no class fits[/red]"
+        effective, routed = task_route(entry, observed, broker.catalog, broker.settings)
+        where = routed.name if routed is not None else "[red]no class fits[/red]"
         cells = [
             entry.name,
             entry.declared.describe() if entry.declared else "(default)",

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from sluice.deploy import platform
+from sluice.deploy import alerts, platform
 from sluice.deploy.platform import labels
 from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.catalog import Catalog, ResourceClass
@@ -207,7 +207,8 @@ def scaled_object(rc: ResourceClass, options: RenderOptions) -> Manifest:
 
 
 def render(catalog: Catalog, options: RenderOptions) -> dict[str, list[Manifest]]:
-    """Objects grouped by file: the core topology, KEDA scaling, and the built-in autoscaler."""
+    """Objects grouped by file: the core topology, KEDA scaling, the built-in autoscaler, and
+    monitoring (the alert rules as a Prometheus Operator ``PrometheusRule``)."""
     core = [
         platform.namespace(options),
         *platform.redis(options),
@@ -215,7 +216,13 @@ def render(catalog: Catalog, options: RenderOptions) -> dict[str, list[Manifest]
         *(worker_deployment(rc, options) for rc in catalog),
     ]
     keda = [platform.trigger_authentication(options), *(scaled_object(rc, options) for rc in catalog)]
-    return {"sluice.yaml": core, "keda.yaml": keda, "autoscaler.yaml": platform.autoscaler(options)}
+    monitoring = [alerts.prometheus_rule(options.namespace, labels("alerts"))]
+    return {
+        "sluice.yaml": core,
+        "keda.yaml": keda,
+        "autoscaler.yaml": platform.autoscaler(options),
+        "monitoring.yaml": monitoring,
+    }
 
 
 class _PlainDumper(yaml.SafeDumper):

@@ -22,6 +22,7 @@ from sluice import entries, keys
 from sluice.compute import Compute
 from sluice.config import Settings
 from sluice.deploy.task_events import TaskEventMetrics
+from sluice.queues import task_catalog
 from sluice.queues.catalog import Catalog
 from sluice.queues.status import (
     class_status,
@@ -29,6 +30,7 @@ from sluice.queues.status import (
     limits_running,
     parked_by_limit,
     rate_limits,
+    task_route,
     tenant_status,
 )
 from sluice.tasks import memory_profile
@@ -118,10 +120,12 @@ def _forwards(item: tuple[bytes | str, bytes | str]) -> tuple[str, str, int]:
 class TaskMetrics(Collector):
     """Observed memory per task (``sluice.tasks.memory_profile``): ``sluice_task_memory_bytes``
     by ``task`` and ``quantile`` (p50, p95, peak), ``sluice_task_runs_observed_total`` and
-    ``sluice_task_memory_kills_total``, by task."""
+    ``sluice_task_memory_kills_total``, by task; and ``sluice_task_slot_memory_bytes`` by task and
+    ``resource_class``: the slot of the class the task routes to now (what its memory is measured
+    against: the alert on a task outgrowing half its slot)."""
 
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
+    def __init__(self, client: redis.Redis, catalog: Catalog, settings: Settings) -> None:
+        self.client, self.catalog, self.settings = client, catalog, settings
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         sizes = GaugeMetricFamily(
@@ -129,13 +133,23 @@ class TaskMetrics(Collector):
         )
         runs = CounterMetricFamily("sluice_task_runs_observed", "Runs whose peak memory was observed", labels=["task"])
         kills = CounterMetricFamily("sluice_task_memory_kills", "Runs killed for memory", labels=["task"])
+        slots = GaugeMetricFamily(
+            "sluice_task_slot_memory_bytes",
+            "Memory of one slot of the class the task routes to",
+            labels=["task", "resource_class"],
+        )
+        catalogued = task_catalog.read(self.client)
         for task in memory_profile.observed_tasks(self.client):
             found = memory_profile.read(self.client, task)
             for quantile, value in (("p50", found.p50), ("p95", found.p95), ("peak", found.peak)):
                 sizes.add_metric([task, quantile], value)
             runs.add_metric([task], found.count)
             kills.add_metric([task], found.kills)
-        yield from (sizes, runs, kills)
+            entry = catalogued.get(task)
+            routed = task_route(entry, found, self.catalog, self.settings)[1] if entry is not None else None
+            if routed is not None and routed.slot.memory_bytes:
+                slots.add_metric([task, routed.name], routed.slot.memory_bytes)
+        yield from (sizes, runs, kills, slots)
 
 
 class TenantMetrics(Collector):
@@ -213,16 +227,31 @@ def serve(
     intake: str = Settings.intake_queue,
     events_app: Any = None,
     task_names: int = Settings.metrics_task_names,
+    settings: Settings | None = None,
 ) -> CollectorRegistry:
-    """Serve ``/metrics`` on ``port`` from a background thread; returns the registry. With
-    ``events_app``, also the task metrics counted from its broker's Celery events (at most
-    ``task_names`` names; ``sluice.deploy.task_events``)."""
-    registry = CollectorRegistry()
-    registry.register(ClassMetrics(client, catalog, intake))
-    registry.register(TaskMetrics(client))
-    registry.register(TenantMetrics(client, catalog))
-    registry.register(LimitMetrics(client, catalog))
+    """Serve :func:`registry`'s metrics on ``port`` from a background thread; returns the registry."""
+    served = registry(client, catalog, intake, events_app, task_names, settings)
+    start_http_server(port, addr=address, registry=served)
+    return served
+
+
+def registry(
+    client: redis.Redis,
+    catalog: Catalog,
+    intake: str = Settings.intake_queue,
+    events_app: Any = None,
+    task_names: int = Settings.metrics_task_names,
+    settings: Settings | None = None,
+) -> CollectorRegistry:
+    """Every metric ``sluice metrics`` serves. With ``events_app``, also the task metrics counted
+    from its broker's Celery events, on a thread started here (at most ``task_names`` names;
+    ``sluice.deploy.task_events``). ``settings``: how learned memory routes a task (default:
+    the configured)."""
+    found = CollectorRegistry()
+    found.register(ClassMetrics(client, catalog, intake))
+    found.register(TaskMetrics(client, catalog, settings or Settings.load()))
+    found.register(TenantMetrics(client, catalog))
+    found.register(LimitMetrics(client, catalog))
     if events_app is not None:
-        TaskEventMetrics(events_app, registry, catalog, task_names).start()
-    start_http_server(port, addr=address, registry=registry)
-    return registry
+        TaskEventMetrics(events_app, found, catalog, task_names).start()
+    return found

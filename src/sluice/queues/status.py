@@ -13,11 +13,13 @@ import redis
 
 from sluice import entries, keys
 from sluice.compute import Compute
+from sluice.config import Settings, fallback_memory
 from sluice.errors import NoQueueFits
 from sluice.headers import Headers
 from sluice.queues.broker.layout import RedisLayout
 from sluice.queues.catalog import Catalog, ResourceClass
 from sluice.queues.task_catalog import TaskEntry
+from sluice.tasks import memory_profile
 from sluice.tasks.heartbeat import read_heartbeats
 from sluice.tenants import DEFAULT_TENANT, Share, split_queue
 
@@ -120,6 +122,23 @@ def tenant_status(client: redis.Redis, catalog: Catalog, layout: RedisLayout = R
             running = usage.get((rc.name, tenant), Compute())
             rows.append(TenantStatus(rc.name, tenant, rc.share(tenant), depths.get(tenant, 0), running))
     return rows
+
+
+def task_route(
+    entry: TaskEntry, observed: memory_profile.MemoryProfile | None, catalog: Catalog, settings: Settings
+) -> tuple[Compute, ResourceClass | None]:
+    """The compute a catalogued task runs with now (``memory="auto"`` learned from ``observed``)
+    and the class that holds it (None: none does)."""
+    effective = memory_profile.with_learned_memory(
+        entry.effective,
+        observed or memory_profile.EMPTY,
+        settings,
+        entry.fallback or fallback_memory(Compute(), settings),
+    )
+    try:
+        return effective, catalog.route(effective, entry.name)
+    except NoQueueFits:
+        return effective, None
 
 
 def limits_running(client: redis.Redis) -> dict[str, int]:
