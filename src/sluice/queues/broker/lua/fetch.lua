@@ -53,10 +53,12 @@
 -- sluice.queues.broker.letters.DeadLetter; a test holds the two equal) and the search goes on;
 -- on a no-ack consumer's list (a control command's replies) it is dropped instead, as kombu would
 -- have popped it and failed to read it, and nothing is left behind.
--- A message's limits ({id, most running, seconds between starts} in its limits header) have room
--- while each running count is under its most and each rate limit's next start has come (by
--- Redis's clock, the same for every worker); taking it counts it (held.lua) and sets the next
--- start that far ahead (no burst: starts are spaced, as Celery's token bucket of one spaces them).
+-- A message's limits ({id, most running, 0} or {id, 0, seconds between starts, N, window} in its
+-- limits header) have room while each running count is under its most and, by Redis's clock
+-- (the same for every worker), each rate limit's next start has come and fewer than N of its
+-- starts fall in the last window. Taking it counts it (held.lua) and records the start. Starts
+-- are spaced evenly (Celery's token bucket of one), one up to half a spacing early after a late
+-- one, so the rate is not lost to a worker's lateness, while the window caps any stretch at N.
 -- A message that must wait for a rate limit is parked: moved out of its line to a list of its
 -- queue's for that line and limit, listed with the limit's next start, so no fetch reads it
 -- again before then; once that time has come, a fetch of the queue puts the oldest parked one
@@ -133,6 +135,7 @@ local FIRST = 19  -- the first argument of the first queue
 local SCAN = 64   -- how many messages whose limits have no room one line's read passes or parks
 local PARK_CHECK = 8  -- parked lines a fetch looks at per queue
 local RATE_SEEN = 600  -- how long a rate limit stays listed in RATES after its last start (seconds)
+local STARTS = '\tstarts'  -- a rate limit's key + this: its last N starts (list, newest first)
 -- Queue i's n-th key (1: bell, 2: dead-letter list, 3: dead-letter counter, 4: tenant set,
 -- 5: parked lines, 6: parked count).
 local function qkey(i, n) return KEYS[9 + 6 * (i - 1) + n] end
@@ -193,9 +196,14 @@ local function limits_of(headers, on_class)
         if (tonumber(redis.call('HGET', RUNNING, limit[1])) or 0) >= most then full = true end
       end
       if every > 0 then
-        rates[#rates + 1] = {limit[1], math.ceil(every * 1000000 - 0.001)}
-        local next_start = tonumber(redis.call('GET', rate_prefix .. limit[1]))
-        if next_start and next_start > now_us() then
+        local spacing = math.ceil(every * 1000000 - 0.001)
+        local most_starts = math.max(1, math.floor(tonumber(limit[4]) or 1))
+        local window = math.ceil((tonumber(limit[5]) or every) * 1000000 - 0.001)
+        rates[#rates + 1] = {limit[1], spacing, most_starts, window}
+        local next_start = (tonumber(redis.call('GET', rate_prefix .. limit[1])) or 0) - spacing / 2
+        local oldest = tonumber(redis.call('LINDEX', rate_prefix .. limit[1] .. STARTS, most_starts - 1))
+        if oldest and oldest + window > next_start then next_start = oldest + window end
+        if next_start > now_us() then
           full = true
           waits_for = waits_for or {limit[1], next_start}
           if not rate_wait or next_start - now_us() < rate_wait then rate_wait = next_start - now_us() end
@@ -251,13 +259,24 @@ local function parked_wait(i)
   return math.max(0, tonumber(first[2]) * 1000000 - now_us())
 end
 
--- Start a taken message's rate limits: each one's next start is its spacing from now, when the
--- messages of its line (queue i's `line`, `tenant`'s) parked on it are due.
+-- Start a taken message's rate limits: each one's schedule moves a spacing on from where it was,
+-- or from now if that is later (the key: its next start on schedule; one may come half a
+-- spacing early, so a worker up to that late loses the limit nothing: GCRA), and this start
+-- joins the last N; the messages of its line (queue i's `line`, `tenant`'s) parked on it are
+-- due at its next start.
 local function start_rates(rates, i, line, tenant)
   for _, rate in ipairs(rates) do
-    local id, every = rate[1], rate[2]
-    redis.call('SET', rate_prefix .. id, string.format('%.0f', now_us() + every), 'PX', math.ceil(every / 1000) + 1)
-    redis.call('ZADD', qkey(i, 5), 'XX', seconds(now_us() + every), tenant .. '\t' .. line .. '\t' .. id)
+    local id, every, most_starts, window = rate[1], rate[2], rate[3], rate[4]
+    local key, starts = rate_prefix .. id, rate_prefix .. id .. STARTS
+    local scheduled = math.max(tonumber(redis.call('GET', key)) or 0, now_us()) + every
+    redis.call('SET', key, string.format('%.0f', scheduled), 'PX', math.ceil((scheduled - now_us()) / 1000) + 1)
+    redis.call('LPUSH', starts, string.format('%.0f', now_us()))
+    redis.call('LTRIM', starts, 0, most_starts - 1)
+    redis.call('PEXPIRE', starts, math.ceil(window / 1000) + 1)
+    local due = scheduled - every / 2
+    local oldest = tonumber(redis.call('LINDEX', starts, most_starts - 1))
+    if oldest and oldest + window > due then due = oldest + window end
+    redis.call('ZADD', qkey(i, 5), 'XX', seconds(due), tenant .. '\t' .. line .. '\t' .. id)
     redis.call('ZADD', RATES, string.format('%.6f', now_us() / 1000000), id .. '\t' .. (every / 1000000))
   end
   if #rates > 0 then redis.call('ZREMRANGEBYSCORE', RATES, '-inf', now_us() / 1000000 - RATE_SEEN) end
