@@ -1,8 +1,9 @@
 """Rate and concurrency limits across the cluster: never more than N of a task, or of a task
 per key, started per second (minute, hour), or running at once, on every worker together.
 
-``@app.task(rate_limit="50/s")`` (Celery's option and syntax) spaces the task's starts 1/50 s
-apart over the whole cluster; ``@app.task(max_running=4)`` limits how many run at once. Either
+``@app.task(rate_limit="50/s")`` (Celery's option and syntax) spaces the task's starts evenly
+over the whole cluster, never more than 50 in a second plus :data:`START_JITTER`;
+``@app.task(max_running=4)`` limits how many run at once. Either
 takes a :class:`Limit` with a ``key`` (an argument's name, or a callable of the call's ``(args,
 kwargs)``): ``rate_limit=Limit("10/s", key="customer")``, ``max_running=Limit(running=2,
 key="customer")`` limit the calls that share the key's value. A call carries its limits in the
