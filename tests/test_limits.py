@@ -122,6 +122,22 @@ def test_each_key_has_its_own_rate_and_a_rate_and_a_running_limit_both_hold(redi
     assert _fetch(redis_client, acks=(both[0],)) == both[1]
 
 
+def test_a_rate_limit_starts_at_most_n_in_its_window_however_its_spacing_would_allow(
+        redis_client: redis.Redis) -> None:
+    """Two starts per 0.4 s window, spaced 0.05 s: the first two are taken 0.05 s apart at most,
+    the third not before the window from the first has passed, when the reply said it would."""
+    tags = [_publish(redis_client, [["w", 0, 0.05, 2, 0.4]]) for _ in range(3)]
+    began = time.monotonic()
+    taken = []
+    while len(taken) < 3 and time.monotonic() - began < 5:
+        reply = scripts.run(redis_client, "fetch", *FETCH.arguments(time.time(), False, "", 0))
+        if len(reply) > 2:
+            taken.append((reply[3].decode(), time.monotonic() - began))
+        time.sleep(0.005)
+    assert [tag for tag, _ in taken] == tags
+    assert taken[1][1] < 0.1 and taken[2][1] >= 0.39, taken
+
+
 def test_messages_waiting_for_a_rate_limit_are_parked_out_of_the_way_and_come_back_in_order(
         redis_client: redis.Redis) -> None:
     """100 messages under one start per 0.3 s, then an unlimited one: the first is taken, the
