@@ -7,6 +7,8 @@ import time
 
 import click
 import redis
+from rich.console import Group, RenderableType
+from rich.live import Live
 from rich.table import Table
 
 from sluice.cli.common import Broker, app_option, broker_client, console, format_age, load_app, reader
@@ -29,14 +31,32 @@ from sluice.units import format_size
 
 @click.command()
 @app_option("App whose catalog to use (default: the configured one).")
-def status(app_name: str | None) -> None:
+@click.option("--watch", is_flag=True, help="A live view, read again every --interval seconds; Ctrl-C ends it.")
+@click.option(
+    "--interval", type=click.FloatRange(0.2, 3600), default=2.0, show_default=True, help="Seconds between reads."
+)
+def status(app_name: str | None, watch: bool, interval: float) -> None:
     """Per resource class: queue depth (every tenant's), workers online, tasks running, slot
     size, and the tasks of the cluster's task catalog it serves; then the intake queue (plain
     Celery clients' tasks waiting to be forwarded); then, where a class is shared, each tenant's
     weight and quota there, its waiting messages and what its running tasks hold; then how many
     run under each concurrency limit, and each rate limit used in the last ten minutes with when
-    its next call may start."""
+    its next call may start. With --watch, a live view for those without Grafana."""
     broker = broker_client(app_name)
+    if not watch:
+        console.print(_view(broker))
+        return
+    with Live(_view(broker, time.strftime("%H:%M:%S")), console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(_view(broker, time.strftime("%H:%M:%S")), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+def _view(broker: Broker, at: str | None = None) -> Group:
+    """What ``sluice status`` shows, read now (``at``: the time to put in the title, for --watch)."""
     try:
         rows = class_status(broker.client, broker.catalog)
         intake = intake_status(broker.client, broker.settings.intake_queue)
@@ -47,7 +67,7 @@ def status(app_name: str | None) -> None:
         parked = parked_by_limit(broker.client, broker.catalog)
     except redis.RedisError as exc:
         raise click.ClickException(f"cannot read the broker: {exc}") from None
-    table = Table(title="sluice status")
+    table = Table(title=f"sluice status at {at}" if at else "sluice status")
     for column in ("class", "queued", "workers", "running", "slots", "slot size", "tasks"):
         table.add_column(column, justify="left" if column in ("class", "slot size", "tasks") else "right")
     for row in rows:
@@ -70,13 +90,13 @@ def status(app_name: str | None) -> None:
         "-",
         "forwarded to the class that fits",
     )
-    console.print(table)
+    parts: list[RenderableType] = [table]
     if tenants:
-        console.print(_tenant_table(tenants))
+        parts.append(_tenant_table(tenants))
     if limited:
-        console.print("running under concurrency limits: " + ", ".join(f"{k} {n}" for k, n in limited.items()))
+        parts.append("running under concurrency limits: " + ", ".join(f"{k} {n}" for k, n in limited.items()))
     if rates:
-        console.print(
+        parts.append(
             "rate limits (used in the last 10 min): "
             + ", ".join(
                 f"{r.limit} {r.per_second:g}/s, next start in {r.next_in:.2f} s, {parked.get(r.limit, 0)} waiting"
@@ -84,7 +104,8 @@ def status(app_name: str | None) -> None:
             )
         )
     if serves.get("?"):
-        console.print(f"[yellow]no class here holds[/yellow] {', '.join(serves['?'])}")
+        parts.append(f"[yellow]no class here holds[/yellow] {', '.join(serves['?'])}")
+    return Group(*parts)
 
 
 def _tenant_table(rows: list[TenantStatus]) -> Table:
