@@ -206,7 +206,7 @@ def test_a_message_with_no_limits_and_no_charge_is_held_to_its_tasks_limits_from
     wide = json.loads(redis_client.hget(keys.TASK_LIMITS, limits.per_customer.name))
     assert wide == [[limits.per_customer.name, 1, 0]] and json.loads(redis_client.hget(keys.TASK_LIMITS, limits.ping.name)) == []
     assert redis_client.hget(keys.TASK_LIMITS, limits.metered_per_customer.name) == json.dumps(
-        [[limits.metered_per_customer.name, 0, 0.255, 4, 1.02]]).encode()
+        [[limits.metered_per_customer.name, 0, 0.26, 4, 1.04]]).encode()
 
     def publish(queue: str, headers: dict[str, Any]) -> str:
         tag = _publish(redis_client, None)
@@ -290,7 +290,7 @@ def test_a_limit_per_key_stamps_each_calls_own_id(redis_server: EmbeddedRedis) -
         [limits.scarce.name, 2, 0]]
     metered = limits.metered_per_customer
     assert limits_header(metered.name, metered.cluster_limits, metered.run, (), {"customer": "acme", "n": 1}) == [
-        [f"{metered.name}:customer=acme", 0, 0.255, 4, 1.02]]   # 4 per 1.02 s: 0.02 s for start jitter
+        [f"{metered.name}:customer=acme", 0, 0.26, 4, 1.04]]   # 4 per 1.04 s: 0.04 s for start jitter
 
 
 def test_rate_limit_per_worker_leaves_a_plain_rate_to_celery_and_keeps_a_keyed_one_in_the_cluster(

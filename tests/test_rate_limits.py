@@ -41,8 +41,8 @@ def test_twenty_per_second_holds_across_four_processes_and_is_used_to_at_least_9
 def test_each_key_of_a_keyed_rate_limit_gets_its_own_rate(workers: Workers, redis_client: redis.Redis) -> None:
     """Twelve calls for each of two customers under Limit("4/s", key="customer"): per customer,
     never more than 4 starts in any 0.95 s (from the bodies' start times: on a loaded 2-core
-    machine a body can start up to 50 ms after its take; the limiter's own bound, 4 takes in any
-    1.02 s, is checked at the script), and the two run side by side: the 24 take about as long
+    machine a body can start tens of milliseconds after its take; the limiter's own bound, 4 takes
+    in any 1.04 s, is checked at the script), and the two run side by side: the 24 take about as long
     as one customer's 12 (under 4 s, where one shared 4/s would need about 6 s)."""
     limits = importlib.import_module("tests.apps.limits")
     workers.start("tests.apps.limits", "cpu", "keyed", *ARGS)

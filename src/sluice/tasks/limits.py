@@ -52,7 +52,7 @@ Rate = str | int | float
 #: What a rate limit allows for the time between a worker taking a call and its body starting
 #: (seconds): N calls per period are held to N per period plus this, so they start no more than
 #: N in any period even when some start a few milliseconds later than they were taken.
-START_JITTER = 0.02
+START_JITTER = 0.04
 #: Celery's rate units, in seconds.
 PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
