@@ -87,7 +87,7 @@ def follow(app: Any, holder: str, duplicate: str, ttl: int) -> None:
 def resolve_followers(app: Any, holder: str) -> None:
     """Give ``holder``'s stored outcome to the duplicates that follow it (see :func:`follow`)."""
     name = keys.unique_followers(holder)
-    followers = [entries.text(raw) for raw in app.redis.lrange(name, 0, -1)]
+    followers = entries.decode_each("unique follower", app.redis.lrange(name, 0, -1), entries.text)
     if followers:
         _copy(app, app.backend.get_task_meta(holder), followers)
 
