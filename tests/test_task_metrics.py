@@ -39,7 +39,11 @@ def test_succeeded_failed_and_retried_tasks_are_counted_by_name_queue_and_worker
     failing.get(timeout=30, propagate=False)
     on_cpu = {"queue_name": "cpu", "resource_class": "cpu"}
     ok, boom = observed.ok.name, observed.boom.name
-    wait_for(lambda: _total(registry, "celery_task_succeeded_total", name=OTHER) == 1, 30, "flaky's success event")
+    expected = {("celery_task_succeeded_total", OTHER): 1, ("celery_task_started_total", ok): 3,
+                ("celery_task_succeeded_total", ok): 3, ("celery_task_failed_total", boom): 1,
+                ("celery_task_started_total", OTHER): 2, ("celery_task_sent_total", ok): 3}
+    wait_for(lambda: all(_total(registry, metric, name=name) >= count for (metric, name), count in expected.items()),
+             30, "every task's events (they arrive on their own, in any order)")
     assert _total(registry, "celery_task_sent_total", name=ok, **on_cpu) == 3
     assert _total(registry, "celery_task_started_total", name=ok, hostname=host, **on_cpu) == 3
     assert _total(registry, "celery_task_succeeded_total", name=ok, hostname=host, **on_cpu) == 3
